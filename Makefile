@@ -1,0 +1,48 @@
+# Two commands do everything (see README.md):
+#   make lab   — set up (first time only) and open the workbook in JupyterLab
+#   make test  — set up (first time only) and run every test
+# Both are idempotent: set-up is redone only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup lab test test-unit test-integration test-notebooks demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert (3, 10) <= v <= (3, 12), f"Python 3.10-3.12 needed, found {v}: set PYTHON=python3.11"'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	# torch first: DeepSpeed's build imports it (hence --no-build-isolation below, which
+	# also keeps pip from fetching a second, multi-GB torch into a build environment).
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --no-build-isolation deepspeed==0.19.8
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=. chapters/01_课程导入.ipynb
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+# Headless, e.g. on a GPU node over SSH: a real pipeline job, its timeline as standalone
+# HTML and a Chrome trace (open in https://ui.perfetto.dev) under demo-output/.
+demo: setup
+	$(PY) -m utils.demo --out demo-output
+
+bench: setup
+	$(PY) benchmarks/tracer_overhead.py
+
+clean:
+	rm -rf runs demo-output .pytest_cache

@@ -1,0 +1,113 @@
+"""Failure behaviour of real jobs: each path ends fast, explains itself, leaves no process."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import SMALL_GPT, processes_of
+from utils import Fault, JobFailed, JobSpec, Run, run_job, start_job
+from utils.runs import read_json
+
+pytestmark = pytest.mark.integration
+
+
+def _failing(kind, **extra):
+    return JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=3,
+                   fault=Fault(kind=kind, stage=1, step=1, instruction="forward"), **extra)
+
+
+def test_a_raising_rank_fails_the_job_within_seconds(runs_root):
+    with pytest.raises(JobFailed) as caught:
+        run_job(_failing("raise"), progress=False)
+    noticed = time.time()
+    run = caught.value.run
+    message = str(caught.value)
+    assert "rank 1 (stage 1) raised RuntimeError: injected fault" in message
+    assert "--- end of its traceback ---" in message and "job.py" in message
+    raised_at = read_json(run.path / "error-rank1.json")["time"]
+    assert noticed - raised_at < 10
+    assert run.state == "failed" and not run.ok
+    assert processes_of(run.path) == []
+
+
+def test_a_dying_rank_is_named(runs_root):
+    with pytest.raises(JobFailed) as caught:
+        run_job(_failing("exit"), progress=False)
+    assert "rank 1 (stage 1) died with exit code 3" in str(caught.value)
+    assert processes_of(caught.value.run.path) == []
+
+
+def test_a_hang_is_ended_by_the_timeout_and_located(runs_root):
+    started = time.time()
+    with pytest.raises(JobFailed) as caught:
+        run_job(_failing("hang", timeout=60), progress=False)
+    assert time.time() - started < 75
+    message = str(caught.value)
+    assert "timeout" in message
+    assert "rank 1 (stage 1): step=1 forward mb=0" in message
+    # Its neighbour waits for the gradient of a micro-batch stage 1 never finishes.
+    assert "rank 0 (stage 0): step=1 recv_grad" in message
+    assert caught.value.run.state == "timeout"
+    assert processes_of(caught.value.run.path) == []
+
+
+def test_stop_ends_every_process(runs_root):
+    job = start_job(JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=1000))
+    deadline = time.time() + 90
+    while not job.progress() and time.time() < deadline:
+        assert job.poll() == "running"
+        time.sleep(0.2)
+    assert job.progress(), "the job never reached its first step"
+    assert len(processes_of(job.path)) >= 3  # torchrun + 2 ranks
+    job.stop()
+    assert processes_of(job.path) == []
+    assert Run.load(job.path).state == "stopped"
+
+
+def test_ctrl_c_stops_the_whole_job(runs_root):
+    """What a notebook's stop button does: SIGINT to the process running run_job."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tests.helpers import SMALL_GPT
+        from utils import JobSpec, run_job
+        run_job(JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=1000), directory={str(runs_root)!r})
+    """)
+    before = set(runs_root.iterdir())
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    run_path = None
+    while time.time() < deadline:
+        new = set(runs_root.iterdir()) - before
+        if new and (run_path := new.pop()) and (run_path / "progress-rank0.jsonl").exists():
+            break
+        time.sleep(0.2)
+    assert run_path is not None, "the job never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    assert processes_of(run_path) == []
+    assert Run.load(run_path).state == "stopped"
+
+
+def test_bad_specs_fail_before_any_process_starts(runs_root):
+    before = set(runs_root.iterdir())
+    with pytest.raises(ValueError, match="every stage needs at least one layer"):
+        run_job(JobSpec(**SMALL_GPT, num_stages=5))
+    with pytest.raises(ValueError, match="DeepSpeed asserts they are equal"):
+        run_job(JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, train_batch_size=12))
+    with pytest.raises(ValueError, match="unknown model preset"):
+        run_job(JobSpec(model="gpt3"))
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "":
+        import torch
+
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match="GPUs"):
+                run_job(JobSpec(**SMALL_GPT, device="cuda"))
+    assert set(runs_root.iterdir()) == before

@@ -1,0 +1,178 @@
+"""Structure of the plotly figures: rows, bars, labels, legends, titles, HTML export."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+
+from utils import theory
+from utils.plots import (KIND_COLORS, compare_timelines, default_step, plot_memory,
+                         plot_stage_breakdown, plot_sweep, plot_timeline)
+from utils.timeline import COMM_KINDS, KINDS, Event, Timeline
+
+MS = 1e-3
+
+
+def one_f_one_b(p: int, m: int, *, f: float = 1 * MS, b: float = 2 * MS, step: int = 0,
+                offset: float = 0.0, rank_of=lambda s: s) -> list[Event]:
+    """Classic 1F1B: each action in 1F1B order starts as soon as its inputs are ready."""
+    events = []
+    done: dict = {}
+    free = [0.0] * p
+    orders = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        order = [("forward", i) for i in range(warm)]
+        for i in range(m):
+            if warm + i < m:
+                order.append(("forward", warm + i))
+            order.append(("backward", i))
+        orders.append(order)
+    pos = [0] * p
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, i = orders[s][pos[s]]
+                deps = ([("forward", s - 1, i)] if s else []) if kind == "forward" else \
+                    [("forward", s, i)] + ([("backward", s + 1, i)] if s < p - 1 else [])
+                if any(d not in done for d in deps):
+                    break
+                start = max([free[s]] + [done[d] for d in deps])
+                done[(kind, s, i)] = free[s] = start + (f if kind == "forward" else b)
+                pos[s] += 1
+                events.append(Event(stage=s, rank=rank_of(s), step=step, kind=kind,
+                                    micro_batch=i, start=offset + start, end=offset + free[s]))
+    return events
+
+
+def with_comm(events: list[Event]) -> list[Event]:
+    """Add a short send after every forward except on the last stage."""
+    last = max(e.stage for e in events)
+    extra = [Event(stage=e.stage, rank=e.rank, step=e.step, kind="send_act",
+                   micro_batch=e.micro_batch, start=e.end, end=e.end + 0.1 * MS)
+             for e in events if e.kind == "forward" and e.stage < last]
+    return events + extra
+
+
+def tl(events, p=4, m=8, **kw) -> Timeline:
+    return Timeline(events=tuple(events), num_stages=p, num_micro_batches=m, **kw)
+
+
+def bar_traces(fig: go.Figure) -> dict[str, go.Bar]:
+    return {t.name: t for t in fig.data if isinstance(t, go.Bar)}
+
+
+def test_timeline_rows_bars_labels_legend_and_title():
+    sim = tl(with_comm(one_f_one_b(4, 8)), source="simulated", label="1F1B")
+    fig = plot_timeline(sim)
+    bars = bar_traces(fig)
+    assert list(fig.layout.yaxis.categoryarray) == [f"stage {s}" for s in range(4)]
+    assert fig.layout.yaxis.autorange == "reversed"  # stage 0 on top
+    assert {y for t in bars.values() for y in t.y} == {f"stage {s}" for s in range(4)}
+    assert set(bars) == {"forward", "backward", "send_act"}
+    assert len(bars["forward"].x) == 32 and len(bars["backward"].x) == 32
+    assert len(bars["send_act"].x) == 24
+    assert set(bars["forward"].text) == {str(i) for i in range(8)}
+    assert bars["send_act"].text is None
+    assert all(t.showlegend for t in bars.values())  # one legend entry per kind
+    assert bars["forward"].marker.color == KIND_COLORS["forward"]
+    assert "ms" in bars["forward"].hovertemplate and "micro-batch" in bars["forward"].hovertemplate
+    # x in ms from the step start: the last backward of stage 0 ends at 33 ms
+    ends = [b + x for b, x in zip(bars["backward"].base, bars["backward"].x)]
+    assert max(ends) == pytest.approx(33.0)
+    assert "simulated" in fig.layout.title.text and "27.3%" in fig.layout.title.text
+    assert "measured" in plot_timeline(tl(one_f_one_b(4, 8))).layout.title.text
+    assert "<html>" in fig.to_html()
+
+
+def test_timeline_filters_kinds_and_comm():
+    sim = tl(with_comm(one_f_one_b(4, 8)))
+    assert set(bar_traces(plot_timeline(sim, show_comm=False))) == {"forward", "backward"}
+    assert set(bar_traces(plot_timeline(sim, kinds=["forward"]))) == {"forward"}
+    with pytest.raises(ValueError, match="unknown kinds"):
+        plot_timeline(sim, kinds=["fwd"])
+
+
+def test_timeline_data_parallel_rows_and_default_step():
+    events = []
+    for step in range(3):
+        events += one_f_one_b(2, 4, step=step, offset=step * 0.1, rank_of=lambda s: 2 * s)
+        events += one_f_one_b(2, 4, step=step, offset=step * 0.1, rank_of=lambda s: 2 * s + 1)
+    dp = tl(events, p=2, m=4, data_parallel=2)
+    fig = plot_timeline(dp)
+    assert list(fig.layout.yaxis.categoryarray) == [
+        "stage 0 · rank 0", "stage 0 · rank 1", "stage 1 · rank 2", "stage 1 · rank 3"]
+    assert default_step(dp) == 1 and "step 1" in fig.layout.title.text
+    assert "step 2" in plot_timeline(dp, 2).layout.title.text
+    assert default_step(tl(one_f_one_b(2, 2), p=2, m=2)) == 0
+    with pytest.raises(ValueError, match="steps present"):
+        plot_timeline(dp, 5)
+
+
+def test_compare_timelines_two_subplots_on_a_shared_axis():
+    a = tl(one_f_one_b(4, 8), source="measured")
+    b = tl(one_f_one_b(4, 16), m=16, source="simulated")
+    fig = compare_timelines(a, b, labels=("measured", "simulated"))
+    assert "x2" in (fig.layout.xaxis.matches, fig.layout.xaxis2.matches) or \
+        "x" in (fig.layout.xaxis.matches, fig.layout.xaxis2.matches)
+    assert {t.yaxis for t in fig.data} == {"y", "y2"}
+    assert list(fig.layout.yaxis2.categoryarray) == [f"stage {s}" for s in range(4)]
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert sorted(legend) == ["backward", "forward"]  # each kind once in the legend
+    titles = [ann.text for ann in fig.layout.annotations]
+    assert any("bubble 27.3%" in t for t in titles)
+    assert any(f"bubble {3 / 19:.1%}" in t for t in titles)
+    assert "samples/s" in titles[0] and "makespan" in titles[0]
+    assert "→" in fig.layout.title.text
+    fig.to_html()
+
+
+def test_stage_breakdown_from_timeline_metrics_and_summary():
+    events = []
+    for step in range(3):
+        events += one_f_one_b(4, 8, step=step, offset=step * 0.1)
+    multi = tl(events)
+    for source in (multi, multi.metrics(), multi.metrics(step=1), tl(one_f_one_b(4, 8))):
+        fig = plot_stage_breakdown(source)
+        bars = bar_traces(fig)
+        assert list(bars) == ["compute", "comm", "idle"]
+        assert list(bars["compute"].x) == [f"stage {s}" for s in range(4)]
+        assert bars["compute"].y == pytest.approx((24.0,) * 4)
+        assert fig.layout.barmode == "stack"
+        fig.to_html()
+
+
+def test_sweep_markers_and_theory_line():
+    ms = [1, 2, 4, 8, 16]
+    measured = [theory.bubble_ratio_1f1b(4, m) + 0.01 for m in ms]
+    fig = plot_sweep(ms, measured, theory=lambda m: theory.bubble_ratio_1f1b(4, m),
+                     x_label="micro-batches", y_label="bubble ratio", percent=True)
+    modes = [t.mode for t in fig.data]
+    assert modes == ["markers", "lines"]
+    assert list(fig.data[1].x) == list(range(1, 17))
+    assert fig.layout.yaxis.tickformat == ".0%"
+    repeats = plot_sweep([1, 2], [[0.5, 0.6], [0.3]], theory=([1, 2], [0.55, 0.3]),
+                         x_label="m", y_label="b")
+    assert list(repeats.data[0].x) == [1, 1, 2] and list(repeats.data[1].y) == [0.55, 0.3]
+    floats = plot_sweep([0.5, 1.5], [1, 2], theory=lambda x: 2 * x, x_label="x", y_label="y")
+    assert len(floats.data[1].x) == 200
+    assert len(plot_sweep([1], [1], x_label="x", y_label="y").data) == 1
+    with pytest.raises(ValueError, match="same length"):
+        plot_sweep([1, 2], [1], x_label="x", y_label="y")
+    fig.to_html()
+
+
+def test_memory_plot(tmp_path):
+    fig = plot_memory({0: [(0.0, 0), (0.001, 2**20), (0.003, 0)], "stage 1": [(0.0, 2**21)]},
+                      limit_bytes=3 * 2**20)
+    assert [t.name for t in fig.data] == ["rank 0", "stage 1"]
+    assert fig.data[0].line.shape == "hv" and list(fig.data[0].y) == [0, 1, 0]
+    fig.write_html(tmp_path / "memory.html")
+    assert (tmp_path / "memory.html").stat().st_size > 0
+    with pytest.raises(ValueError, match="unit"):
+        plot_memory({}, unit="MB")
+
+
+def test_every_kind_has_a_colour():
+    assert set(KIND_COLORS) == set(KINDS)
+    assert all(KIND_COLORS[k] != KIND_COLORS["forward"] for k in COMM_KINDS)

@@ -1,0 +1,298 @@
+"""Start a real multi-process DeepSpeed pipeline job and watch it to the end.
+
+`run_job(spec)` checks the spec, creates the run directory, starts
+``torchrun --standalone --nproc-per-node=N -m utils.job RUN_DIR`` (the same command is saved
+in ``command.txt`` so a learner can run it in a terminal), shows progress, and returns a
+`Run`. Whatever happens the job ends with no process left behind:
+
+- a rank raises      -> its error file appears; the job is stopped and `JobFailed` names the
+                        rank, its stage and the tail of its traceback, within seconds;
+- a rank dies        -> torchrun reports the root cause; the same error names it;
+- a rank hangs       -> after `spec.timeout` the job is stopped and the error names the
+                        instruction each rank was executing;
+- Ctrl-C / the notebook's stop button -> the job is stopped, state "stopped".
+
+`start_job` returns the `RunningJob` handle that widgets drive without blocking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from .runs import Run, read_json, read_jsonl, runs_dir
+from .spec import JobSpec
+from .tracing import StatusSlot
+
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+POLL_SECONDS = 0.2
+
+
+class JobFailed(RuntimeError):
+    """A job did not succeed; `.run` holds its record (logs, partial timeline)."""
+
+    def __init__(self, message: str, run: Run):
+        super().__init__(message)
+        self.run = run
+
+
+class RunningJob:
+    """A started job: poll it, stop it, or wait for its `Run`."""
+
+    def __init__(self, spec: JobSpec, path: Path, process: subprocess.Popen, command: str,
+                 notes: list[str]):
+        self.spec, self.path, self.process, self.command = spec, path, process, command
+        self.notes = notes
+        self.started = time.time()
+        self.state = "running"
+        self.error: str | None = None
+
+    # --- observation ---------------------------------------------------------------------------
+    def progress(self) -> list[dict]:
+        """Steps finished so far (step, loss, seconds), as rank 0 reports them."""
+        return read_jsonl(self.path / "progress-rank0.jsonl")
+
+    def poll(self) -> str:
+        """Advance the state machine once; returns the state (``"running"`` until the end)."""
+        if self.state != "running":
+            return self.state
+        errors = [e for r in range(self.spec.world_size)
+                  if (e := read_json(self.path / f"error-rank{r}.json")) is not None]
+        code = self.process.poll()
+        if errors:
+            self._finish("failed", _describe_errors(errors))
+        elif code is not None:
+            results = [r for r in range(self.spec.world_size) if (self.path / f"result-rank{r}.json").exists()]
+            if code == 0 and len(results) == self.spec.world_size:
+                self._finish("succeeded", None)
+            else:
+                self._finish("failed", self._describe_exit(code))
+        elif time.time() - self.started > self.spec.timeout:
+            self._finish("timeout", self._describe_hang())
+        return self.state
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Stop every process of the job now."""
+        if self.state == "running":
+            self._finish("stopped", reason)
+
+    def wait(self, *, on_progress: Callable[[list[dict]], None] | None = None) -> Run:
+        """Block until the job ends; raise `JobFailed` unless it succeeded. Ctrl-C stops it."""
+        seen = -1
+        try:
+            while self.poll() == "running":
+                rows = self.progress()
+                if on_progress and len(rows) != seen:
+                    seen = len(rows)
+                    on_progress(rows)
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            self.stop("interrupted (KeyboardInterrupt)")
+            raise
+        if on_progress:
+            on_progress(self.progress())
+        return self.result()
+
+    def result(self) -> Run:
+        run = Run.load(self.path)
+        if self.state != "succeeded":
+            raise JobFailed(f"job {self.path.name} {self.state}: {self.error}\n"
+                            f"(run directory: {self.path})", run)
+        return run
+
+    # --- ending ----------------------------------------------------------------------------------
+    def _finish(self, state: str, error: str | None) -> None:
+        _kill_tree(self.process)
+        self.state, self.error = state, error
+        _write_status(self.path, state=state, error=error, started=self.started,
+                      finished=time.time(), command=self.command, notes=self.notes)
+
+    def _describe_exit(self, code: int) -> str:
+        log = (self.path / "launcher.log").read_text(errors="replace")
+        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.S)
+        if root:
+            rank, exitcode = int(root.group(1)), int(root.group(2))
+            stage = rank // self.spec.data_parallel
+            return (f"rank {rank} (stage {stage}) died with exit code {exitcode} and no Python error; "
+                    f"the end of its log:\n{_tail(self.path / f'rank{rank}.log')}")
+        return f"torchrun exited with code {code}; the end of launcher.log:\n{_tail(self.path / 'launcher.log')}"
+
+    def _describe_hang(self) -> str:
+        lines = [f"no progress to the end within timeout={self.spec.timeout:g} s; "
+                 "the instruction each rank was executing when it was stopped:"]
+        for rank in range(self.spec.world_size):
+            status = StatusSlot.read(self.path / f"status-rank{rank}") or "not started (still initialising)"
+            lines.append(f"  rank {rank} (stage {rank // self.spec.data_parallel}): {status}")
+        lines.append("A rank blocked in recv_* waits for a neighbour; the rank that is not in a "
+                     "send/recv is usually the one that hangs.")
+        return "\n".join(lines)
+
+
+def start_job(spec: JobSpec, *, directory: str | Path | None = None) -> RunningJob:
+    """Check `spec`, create its run directory and start its processes."""
+    parts = spec.boundaries()  # also checks the spec
+    device = _check_device(spec)
+    root = Path(directory) if directory else runs_dir()
+    path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(spec.name or spec.model)}-{secrets.token_hex(3)}"
+    path.mkdir(parents=True)
+    (path / "spec.json").write_text(spec.to_json(), encoding="utf-8")
+    (path / "partition.json").write_text(json.dumps(parts), encoding="utf-8")
+
+    env, notes = _environment(spec, device)
+    args = ["--standalone", f"--nproc-per-node={spec.world_size}", "-m", "utils.job", str(path)]
+    shown_env = " ".join(f"{k}={env[k]}" for k in ("OMP_NUM_THREADS", "DS_ACCELERATOR") if k in env)
+    command = f"cd {shlex.quote(str(PACKAGE_PARENT))} && {shown_env} torchrun {shlex.join(args)}"
+    (path / "command.txt").write_text(command + "\n", encoding="utf-8")
+    log = open(path / "launcher.log", "ab")
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args],
+                               cwd=PACKAGE_PARENT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    job = RunningJob(spec, path, process, command, notes)
+    _write_status(path, state="running", error=None, started=job.started, finished=None,
+                  command=command, notes=notes, launcher_pid=os.getpid())
+    return job
+
+
+def run_job(spec: JobSpec | None = None, *, directory: str | Path | None = None,
+            progress: bool | Callable[[list[dict]], None] = True, **fields) -> Run:
+    """Run a real DeepSpeed pipeline job to the end and return its `Run`.
+
+    ``run_job(JobSpec(num_stages=4))`` or ``run_job(num_stages=4)``. `progress`: True shows
+    "step k/N, loss" (a live line in a notebook, a line per step in a terminal), False is
+    silent, a callable receives the progress rows. Raises `JobFailed` if the job fails.
+    """
+    if spec is None:
+        spec = JobSpec(**fields)
+    elif fields:
+        raise TypeError("give either a JobSpec or its fields, not both")
+    job = start_job(spec, directory=directory)
+    reporter = progress if callable(progress) else (_ProgressLine(job) if progress else None)
+    return job.wait(on_progress=reporter)
+
+
+class _ProgressLine:
+    """'step k/N  loss x' as one live line: a display handle in Jupyter, stderr elsewhere."""
+
+    def __init__(self, job: RunningJob):
+        self.job = job
+        self.handle = None
+        for note in job.notes:
+            print(f"note: {note}", file=sys.stderr)
+        try:
+            from IPython import get_ipython
+
+            if get_ipython() is not None and hasattr(get_ipython(), "kernel"):
+                from IPython.display import display
+
+                self.handle = display(self._text([]), display_id=True)
+        except ImportError:
+            pass
+
+    def _text(self, rows: list[dict]) -> str:
+        spec = self.job.spec
+        head = f"{self.job.path.name}: {spec.num_stages} stages × {spec.micro_batches} micro-batches"
+        if not rows:
+            return f"{head}: starting ..."
+        last = rows[-1]
+        return f"{head}: step {last['step'] + 1}/{spec.steps}  loss {last['loss']:.4f}  ({last['seconds']:.2f} s/step)"
+
+    def __call__(self, rows: list[dict]) -> None:
+        text = self._text(rows)
+        if self.handle is not None:
+            self.handle.update(text)
+        else:
+            print(text, file=sys.stderr)
+
+
+def _check_device(spec: JobSpec) -> str:
+    device = spec.resolved_device()
+    if device == "cuda":
+        import torch
+
+        available = torch.cuda.device_count()
+        if spec.world_size > available:
+            raise ValueError(f"the job needs {spec.world_size} GPUs (num_stages × data_parallel) but "
+                             f"{available} are visible; use fewer stages or device='cpu'")
+    return device
+
+
+def _environment(spec: JobSpec, device: str) -> tuple[dict[str, str], list[str]]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["DS_ACCELERATOR"] = device
+    # The process group must outlive the job's own timeout, so the launcher reports hangs.
+    env["DEEPSPEED_TIMEOUT"] = str(int(spec.timeout // 60) + 2)
+    notes = []
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        cores = len(os.sched_getaffinity(0))
+        env["OMP_NUM_THREADS"] = str(max(1, cores // spec.world_size))
+        if spec.world_size > cores:
+            notes.append(f"{spec.world_size} ranks share {cores} CPU cores: timings include contention "
+                         "between stages, not only their work")
+    return env, notes
+
+
+def _write_status(path: Path, **status) -> None:
+    tmp = path / "status.json.tmp"
+    tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
+    tmp.replace(path / "status.json")
+
+
+def _kill_tree(process: subprocess.Popen, grace: float = 3.0) -> None:
+    """End torchrun and every worker (workers run in sessions of their own, so a process
+    group signal would miss them)."""
+    try:
+        parent = psutil.Process(process.pid)
+        procs = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _describe_errors(errors: list[dict]) -> str:
+    """Name the first rank that failed: the others usually fail *because* of it."""
+    first = min(errors, key=lambda e: e["time"])
+    tail = "\n".join(first["traceback"].strip().splitlines()[-12:])
+    others = sorted(e["rank"] for e in errors if e is not first)
+    also = f" (then rank(s) {others} failed too)" if others else ""
+    return (f"rank {first['rank']} (stage {first['stage']}) raised {first['type']}: {first['message']}{also}\n"
+            f"--- end of its traceback ---\n{tail}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "job"

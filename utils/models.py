@@ -1,0 +1,250 @@
+"""Model presets: layer lists with realistic, uneven costs, and the data to train them on.
+
+A preset describes a model as a flat list of layers, which is what DeepSpeed's
+`PipelineModule` partitions. The layers are described first (`LayerDef`: class and
+arguments) and built later, so a job can be checked — how many layers, which boundaries —
+before any process starts and before torch allocates anything.
+
+Presets:
+- ``gpt``: token + position embedding, N pre-LN transformer blocks, and a large-vocabulary
+  LM head followed by the cross-entropy loss. The embedding holds many parameters but costs
+  almost nothing to run; the head holds as many and costs more than a block. DeepSpeed's
+  parameter-count balance therefore splits it badly, as in the course's 4-stage case.
+- ``gpt-large``: the same with GPU-sized defaults.
+- ``mlp``: identical Linear+GELU blocks, for textbook cases with equal stage costs.
+
+Data is synthetic and generated in code (no downloads) but learnable, so the loss visibly falls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+# --- layers --------------------------------------------------------------------------------
+class Embedding(nn.Module):
+    """Token plus learned position embedding: ids [b, L] -> hidden [b, L, d]."""
+
+    def __init__(self, vocab: int, hidden: int, seq_len: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.positions = nn.Embedding(seq_len, hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(pos)
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block with causal self-attention and a 4x MLP."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, length, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, length, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class LMHead(nn.Module):
+    """Final LayerNorm and the vocabulary projection: hidden -> logits [b, L, vocab]."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+class MLPBlock(nn.Module):
+    """Linear + GELU with a residual connection; every block costs the same."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.fc = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.gelu(self.fc(x))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over every position."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+
+
+def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(outputs.float(), targets)
+
+
+# --- presets ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerDef:
+    """A layer not built yet: its class and constructor arguments."""
+
+    cls: type[nn.Module]
+    kwargs: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.cls.__name__
+
+    def build(self) -> nn.Module:
+        return self.cls(**self.kwargs)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A preset resolved with its options: layers, loss and data, ready to build."""
+
+    preset: str
+    options: Mapping[str, Any]
+    layers: tuple[LayerDef, ...]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    make_batch: Callable[[torch.Generator, int], tuple[torch.Tensor, torch.Tensor]]
+    """(generator, micro_batch_size) -> (inputs, labels) for one micro-batch."""
+    seq_len: int | None = None
+    """Tokens per sample (language models), for tokens/s."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def layer_specs(self) -> list:
+        """The layers as DeepSpeed `LayerSpec`s, for `PipelineModule(layers=...)`."""
+        from deepspeed.pipe import LayerSpec  # deepspeed is imported only by code that needs it
+
+        return [LayerSpec(layer.cls, **layer.kwargs) for layer in self.layers]
+
+    def param_counts(self) -> list[int]:
+        """Parameters per layer, counted on the meta device (nothing is allocated)."""
+        with torch.device("meta"):
+            return [sum(p.numel() for p in layer.build().parameters()) for layer in self.layers]
+
+    def build_sequential(self, *, seed: int) -> nn.Sequential:
+        """All layers in one module, seeded exactly as `PipelineModule(seed_layers=True,
+        base_seed=seed)` seeds them, so both start from identical weights."""
+        modules = []
+        for index, layer in enumerate(self.layers):
+            _seed_like_deepspeed(seed + index)
+            modules.append(layer.build())
+        return nn.Sequential(*modules)
+
+
+@dataclass(frozen=True)
+class _PresetInfo:
+    description: str
+    defaults: Mapping[str, Any]
+    resolve: Callable[..., Model]
+
+
+def _gpt(preset: str, *, blocks: int, hidden: int, heads: int, vocab: int, seq_len: int) -> Model:
+    layers = (LayerDef(Embedding, {"vocab": vocab, "hidden": hidden, "seq_len": seq_len}),
+              *(LayerDef(Block, {"hidden": hidden, "heads": heads}) for _ in range(blocks)),
+              LayerDef(LMHead, {"hidden": hidden, "vocab": vocab}))
+    return Model(preset=preset, options=dict(blocks=blocks, hidden=hidden, heads=heads, vocab=vocab,
+                                             seq_len=seq_len),
+                 layers=layers, loss_fn=lm_loss, make_batch=_progressions(vocab, seq_len),
+                 seq_len=seq_len)
+
+
+def _mlp(preset: str, *, blocks: int, hidden: int) -> Model:
+    layers = tuple(LayerDef(MLPBlock, {"hidden": hidden}) for _ in range(blocks))
+    return Model(preset=preset, options=dict(blocks=blocks, hidden=hidden), layers=layers,
+                 loss_fn=mse_loss, make_batch=_teacher_regression(hidden))
+
+
+PRESETS: dict[str, _PresetInfo] = {
+    "gpt": _PresetInfo(
+        "GPT-like LM sized for a CPU: embedding, transformer blocks, large-vocabulary head + loss",
+        {"blocks": 6, "hidden": 128, "heads": 4, "vocab": 8192, "seq_len": 64}, _gpt),
+    "gpt-large": _PresetInfo(
+        "the GPT-like LM at GPU size",
+        {"blocks": 14, "hidden": 1024, "heads": 16, "vocab": 32768, "seq_len": 512}, _gpt),
+    "mlp": _PresetInfo(
+        "identical residual Linear+GELU blocks (equal stage costs)",
+        {"blocks": 8, "hidden": 256}, _mlp),
+}
+
+
+def get_model(preset: str, options: Mapping[str, Any] | None = None) -> Model:
+    """Resolve a preset name and option overrides into a `Model` (nothing is built yet)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    info = PRESETS[preset]
+    options = dict(options or {})
+    unknown = set(options) - set(info.defaults)
+    if unknown:
+        raise ValueError(f"preset {preset!r} has no option(s) {sorted(unknown)}; "
+                         f"its options are {sorted(info.defaults)}")
+    merged = {**info.defaults, **options}
+    bad = {k: v for k, v in merged.items() if not isinstance(v, int) or v < 1}
+    if bad:
+        raise ValueError(f"preset options must be positive integers, got {bad}")
+    return info.resolve(preset, **merged)
+
+
+# --- synthetic, learnable data -------------------------------------------------------------
+def _progressions(vocab: int, seq_len: int, *, active: int = 256):
+    """Arithmetic progressions with a random start and a stride in 1..4, over the first
+    `active` token ids (the head still scores the whole vocabulary). The loss falls fast at
+    first (which tokens occur), then slowly (the next token follows from the previous two,
+    which attention must learn), so a few dozen steps show a clear curve."""
+    active = min(active, vocab)
+
+    def make_batch(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = torch.randint(0, active, (batch, 1), generator=generator)
+        stride = torch.randint(1, 5, (batch, 1), generator=generator)
+        seq = (start + stride * torch.arange(seq_len + 1)) % active
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    return make_batch
+
+
+def _teacher_regression(hidden: int):
+    """Regress a fixed random teacher, y = tanh(x W / sqrt(d)): learnable by the MLP blocks."""
+    teacher = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(0))
+
+    def make_batch(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(batch, hidden, generator=generator)
+        return x, torch.tanh(x @ teacher / math.sqrt(hidden))
+
+    return make_batch
+
+
+def batches(model: Model, *, seed: int, micro_batch_size: int, replica: int = 0):
+    """Endless micro-batches for one data-parallel replica; the same (seed, replica) always
+    gives the same sequence, on every stage and in the sequential reference."""
+    generator = torch.Generator().manual_seed(seed * 1000 + replica)
+    while True:
+        yield model.make_batch(generator, micro_batch_size)
+
+
+def _seed_like_deepspeed(seed: int) -> None:
+    from deepspeed.runtime.utils import set_random_seed
+
+    set_random_seed(seed)

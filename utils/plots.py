@@ -1,0 +1,337 @@
+"""Plotly figures of pipeline timelines and metrics.
+
+Every figure is a plain `plotly.graph_objects.Figure`: it renders in JupyterLab and can be
+saved as a standalone page with ``fig.write_html("run.html")``. Times on the x axis are in
+milliseconds, measured from the first event of the step shown, so two runs drawn on one
+axis start together. Colours per instruction kind come from one dict, `KIND_COLORS`, so
+every figure of the workbook reads the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .metrics import Metrics, MetricsSummary, compute_metrics
+from .timeline import COMM_KINDS, COMPUTE_KINDS, KINDS, Event, Timeline
+
+__all__ = ["KIND_COLORS", "PART_COLORS", "plot_timeline", "compare_timelines",
+           "plot_stage_breakdown", "plot_sweep", "plot_memory", "default_step"]
+
+#: One colour per instruction kind: forward blue, backward orange/red, weight-gradient
+#: green, communication grey, per-step work purple, data loading light.
+KIND_COLORS: dict[str, str] = {
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "backward_input": "#E45756",
+    "backward_weight": "#54A24B",
+    "load": "#E6D7A3",
+    "send_act": "#8C8C8C",
+    "recv_act": "#B5B5B5",
+    "send_grad": "#6E6E6E",
+    "recv_grad": "#CFCFCF",
+    "reduce_tied_grads": "#C39BD3",
+    "reduce_grads": "#A26BBF",
+    "optimizer_step": "#6C3483",
+}
+_FALLBACK_COLOR = "#999999"  # a kind added to KINDS later still draws
+
+#: Colours of the per-stage breakdown (compute / exposed communication / idle).
+PART_COLORS: dict[str, str] = {"compute": "#4C78A8", "comm": "#9E9E9E", "idle": "#E9E9E9"}
+
+_BAR_WIDTH = 0.8          # compute and per-step bars fill most of a row
+_THIN_BAR_WIDTH = 0.35    # communication bars are thinner: they often overlap compute
+_TEMPLATE = "plotly_white"
+
+
+# --- helpers ----------------------------------------------------------------------------------
+def default_step(timeline: Timeline) -> int:
+    """The step plots show by default: the first step after step 0, else the only one.
+
+    Step 0 carries one-off warm-up costs (allocator growth, JIT, connection setup), so the
+    next step is the representative one.
+    """
+    steps = timeline.steps
+    if not steps:
+        raise ValueError("the timeline has no events: nothing to plot")
+    later = [s for s in steps if s != 0]
+    return later[0] if later else steps[0]
+
+
+def _resolve_step(timeline: Timeline, step: int | None) -> int:
+    if step is None:
+        return default_step(timeline)
+    if step not in timeline.steps:
+        raise ValueError(f"step {step} is not in this timeline; steps present: {timeline.steps}")
+    return step
+
+
+def _row_labels(timeline: Timeline) -> tuple[list[str], Callable[[Event], str]]:
+    """Row labels, stage 0 first; with data parallelism one row per rank."""
+    ranks: dict[int, set[int]] = {s: set() for s in range(timeline.num_stages)}
+    for e in timeline.events:
+        ranks[e.stage].add(e.rank)
+    per_rank = any(len(r) > 1 for r in ranks.values())
+    if not per_rank:
+        labels = [f"stage {s}" for s in range(timeline.num_stages)]
+        return labels, lambda e: f"stage {e.stage}"
+    labels = []
+    for s in range(timeline.num_stages):
+        labels += [f"stage {s} · rank {r}" for r in sorted(ranks[s])] or [f"stage {s}"]
+    return labels, lambda e: f"stage {e.stage} · rank {e.rank}"
+
+
+def _source_phrase(timeline: Timeline) -> str:
+    return {"simulated": "simulated (not measured)", "measured": "measured"}.get(
+        timeline.source, timeline.source)
+
+
+def _safe_metrics(timeline: Timeline, step: int) -> Metrics | None:
+    try:
+        return compute_metrics(timeline, step)  # type: ignore[return-value]
+    except ValueError:
+        return None  # e.g. a step with no compute: still draw what is there
+
+
+def _add_timeline_traces(fig: go.Figure, timeline: Timeline, step: int, *,
+                         kinds: Iterable[str] | None, show_comm: bool,
+                         legend_seen: set[str], row: int | None = None,
+                         col: int | None = None) -> list[str]:
+    """Add one horizontal-bar trace per kind for `step`; return the row labels (top first)."""
+    wanted = list(KINDS if kinds is None else kinds)
+    unknown = set(wanted) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown kinds {sorted(unknown)}; expected some of {KINDS}")
+    if not show_comm:
+        wanted = [k for k in wanted if k not in COMM_KINDS]
+    events = timeline.select(step=step)
+    origin = min(e.start for e in events)
+    labels, row_of = _row_labels(timeline)
+    where = {} if row is None else {"row": row, "col": col}
+    for kind in [k for k in KINDS if k in wanted]:
+        evs = [e for e in events if e.kind == kind]
+        if not evs:
+            continue
+        is_compute = kind in COMPUTE_KINDS
+        fig.add_trace(go.Bar(
+            name=kind, legendgroup=kind, showlegend=kind not in legend_seen,
+            orientation="h",
+            y=[row_of(e) for e in evs],
+            x=[e.duration * 1e3 for e in evs],
+            base=[(e.start - origin) * 1e3 for e in evs],
+            width=_THIN_BAR_WIDTH if kind in COMM_KINDS else _BAR_WIDTH,
+            marker={"color": KIND_COLORS.get(kind, _FALLBACK_COLOR),
+                    # second model chunk of interleaved schedules drawn lighter
+                    "opacity": [1.0 if e.chunk % 2 == 0 else 0.6 for e in evs],
+                    "line": {"color": "white", "width": 0.5}},
+            text=[str(e.micro_batch) for e in evs] if is_compute else None,
+            textposition="inside" if is_compute else "none",
+            insidetextanchor="middle", textangle=0,
+            customdata=[[kind, "–" if e.micro_batch is None else e.micro_batch,
+                         (e.start - origin) * 1e3, (e.end - origin) * 1e3, e.duration * 1e3,
+                         e.stage, e.rank, e.chunk] for e in evs],
+            hovertemplate=("<b>%{customdata[0]}</b> micro-batch %{customdata[1]}<br>"
+                           "stage %{customdata[5]} · rank %{customdata[6]} · "
+                           "chunk %{customdata[7]}<br>start %{customdata[2]:.3f} ms · "
+                           "end %{customdata[3]:.3f} ms<br>duration %{customdata[4]:.3f} ms"
+                           "<extra></extra>"),
+        ), **where)
+        legend_seen.add(kind)
+    # Rows without any drawn event still get their place on the axis.
+    drawn = {row_of(e) for e in events if e.kind in wanted}
+    missing = [lab for lab in labels if lab not in drawn]
+    if missing:
+        fig.add_trace(go.Scatter(x=[0.0] * len(missing), y=missing, mode="markers",
+                                 marker={"opacity": 0}, showlegend=False, hoverinfo="skip"),
+                      **where)
+    return labels
+
+
+def _rows_axis(labels: list[str]) -> dict:
+    return {"categoryorder": "array", "categoryarray": labels, "autorange": "reversed",
+            "type": "category"}
+
+
+# --- timelines --------------------------------------------------------------------------------
+def plot_timeline(timeline: Timeline, step: int | None = None, *,
+                  kinds: Iterable[str] | None = None, title: str | None = None,
+                  show_comm: bool = True) -> go.Figure:
+    """Per-stage timeline of one step: what every stage did, micro-batch by micro-batch.
+
+    One row per stage (stage 0 on top), or one row per rank (``stage s · rank r``) when
+    the timeline has data-parallel replicas. Each instruction is a bar coloured by kind,
+    compute bars carry their micro-batch number, and empty space is idle time: the bubble.
+    Hover shows kind, micro-batch, start, end and duration in ms. `step` defaults to
+    `default_step` (the first step after 0). `kinds` restricts the kinds drawn;
+    ``show_comm=False`` hides send/recv bars. The title says whether the timeline is
+    measured or simulated and gives the bubble ratio of the step.
+    """
+    step = _resolve_step(timeline, step)
+    fig = go.Figure()
+    legend_kinds: set[str] = set()
+    labels = _add_timeline_traces(fig, timeline, step, kinds=kinds, show_comm=show_comm,
+                                  legend_seen=legend_kinds)
+    m = _safe_metrics(timeline, step)
+    if title is None:
+        name = timeline.label or "Pipeline"
+        title = f"{name}: {_source_phrase(timeline)} timeline, step {step}"
+        if m is not None:
+            title += f" · bubble ratio {m.bubble_ratio:.1%}"
+    fig.update_layout(title=title, barmode="overlay", template=_TEMPLATE,
+                      # tall enough for the rows and for the legend (one entry per kind)
+                      height=max(240, 110 + 42 * len(labels), 140 + 21 * len(legend_kinds)),
+                      legend={"title": {"text": "kind"}, "traceorder": "normal"},
+                      xaxis={"title": {"text": "time in step (ms)"}},
+                      yaxis=_rows_axis(labels), hoverlabel={"namelength": -1})
+    return fig
+
+
+def _summary_line(label: str, timeline: Timeline, step: int) -> str:
+    m = _safe_metrics(timeline, step)
+    head = f"{label} ({timeline.source}, step {step})"
+    if m is None:
+        return head
+    return (f"{head}: bubble {m.bubble_ratio:.1%} · makespan {m.makespan * 1e3:.1f} ms · "
+            f"{m.samples_per_s:,.1f} samples/s")
+
+
+def compare_timelines(a: Timeline, b: Timeline, *, labels: tuple[str, str] = ("A", "B"),
+                      step: int | None = None, kinds: Iterable[str] | None = None,
+                      show_comm: bool = True, title: str | None = None) -> go.Figure:
+    """Two timelines stacked on one shared time axis (ms), e.g. simulated over measured.
+
+    Each subplot title carries that run's bubble ratio, makespan and throughput; the figure
+    title gives B's makespan relative to A's. `step` applies to both (each defaults to its
+    own `default_step`).
+    """
+    steps = (_resolve_step(a, step), _resolve_step(b, step))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.14,
+                        row_heights=[max(a.num_stages, 1), max(b.num_stages, 1)],
+                        subplot_titles=[_summary_line(labels[0], a, steps[0]),
+                                        _summary_line(labels[1], b, steps[1])])
+    seen: set[str] = set()
+    total_rows = 0
+    for i, (tl, st) in enumerate(zip((a, b), steps), start=1):
+        rows = _add_timeline_traces(fig, tl, st, kinds=kinds, show_comm=show_comm,
+                                    legend_seen=seen, row=i, col=1)
+        fig.update_yaxes(_rows_axis(rows), row=i, col=1)
+        total_rows += len(rows)
+    if title is None:
+        ma, mb = _safe_metrics(a, steps[0]), _safe_metrics(b, steps[1])
+        title = f"{labels[0]} vs {labels[1]}"
+        if ma is not None and mb is not None:
+            title += (f": makespan ×{mb.makespan / ma.makespan:.2f}, bubble "
+                      f"{ma.bubble_ratio:.1%} → {mb.bubble_ratio:.1%}")
+    fig.update_layout(title=title, barmode="overlay", template=_TEMPLATE,
+                      height=max(420, 200 + 42 * total_rows),
+                      legend={"title": {"text": "kind"}}, hoverlabel={"namelength": -1})
+    fig.update_xaxes(title={"text": "time in step (ms)"}, row=2, col=1)
+    fig.update_xaxes(showticklabels=True, row=1, col=1)
+    fig.update_annotations(font={"size": 12})
+    return fig
+
+
+# --- metrics figures --------------------------------------------------------------------------
+def plot_stage_breakdown(source: Timeline | Metrics | MetricsSummary, *,
+                         step: int | None = None, title: str | None = None) -> go.Figure:
+    """Per-stage stacked bars: compute, exposed communication and idle time (ms).
+
+    Accepts a `Timeline` (metrics of `step`, or the summary over steps when `step` is None
+    and there are several), a `Metrics` or a `MetricsSummary` (medians; their parts need
+    not add up exactly to the median makespan). The dashed line is the makespan; the
+    slowest stage is marked. The title is the diagnosis.
+    """
+    m = compute_metrics(source, step) if isinstance(source, Timeline) else source
+    stages = [f"stage {s}" for s in range(m.num_stages)]
+    fig = go.Figure()
+    for part, values in (("compute", m.stage_compute), ("comm", m.stage_comm),
+                         ("idle", m.stage_idle)):
+        fig.add_trace(go.Bar(
+            name=part, x=stages, y=[v * 1e3 for v in values],
+            marker={"color": PART_COLORS[part], "line": {"color": "#BDBDBD", "width": 0.5}},
+            hovertemplate=f"%{{x}}<br>{part} %{{y:.3f}} ms<extra></extra>"))
+    fig.add_hline(y=m.makespan * 1e3, line_dash="dash", line_color="#444",
+                  annotation_text=f"makespan {m.makespan * 1e3:.1f} ms",
+                  annotation_position="top left")
+    fig.add_annotation(x=stages[m.slowest_stage], y=m.makespan * 1e3, text="slowest",
+                       showarrow=True, arrowhead=2, ay=-30, yshift=4)
+    fig.update_layout(title=title or f"Per-stage time · {m.diagnosis}", barmode="stack",
+                      template=_TEMPLATE, yaxis={"title": {"text": "time (ms)"}},
+                      legend={"title": {"text": "part"}}, height=420)
+    return fig
+
+
+def plot_sweep(x: Sequence[float], y: Sequence[float] | Sequence[Sequence[float]], *,
+               theory: Callable[[float], float] | tuple[Sequence[float], Sequence[float]]
+               | None = None,
+               x_label: str, y_label: str, title: str | None = None,
+               name: str = "measured", theory_name: str = "theory",
+               y_err: Sequence[float] | None = None, percent: bool = False,
+               log_x: bool = False) -> go.Figure:
+    """Measured points against a parameter, with an optional theory curve as a line.
+
+    `y` holds one value per `x`, or a list of repeated measurements per `x` (every repeat
+    is drawn). `theory` is a callable of x, or ``(xs, ys)`` arrays. When every `x` is an
+    integer the callable is evaluated on the integers between min and max (the formulas in
+    `utils.theory` accept integers only); otherwise on 200 points. `percent` formats the
+    y axis as percentages (for bubble ratios).
+    """
+    if len(x) != len(y):
+        raise ValueError(f"x and y need the same length: {len(x)} vs {len(y)}")
+    px: list[float] = []
+    py: list[float] = []
+    for xi, yi in zip(x, y):
+        repeats = list(yi) if hasattr(yi, "__len__") and not isinstance(yi, str) else [yi]
+        px += [xi] * len(repeats)
+        py += list(repeats)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=px, y=py, mode="markers", name=name, marker={"size": 9, "color": "#4C78A8"},
+        error_y=None if y_err is None else {"type": "data", "array": list(y_err)}))
+    if theory is not None:
+        if callable(theory):
+            lo, hi = min(x), max(x)
+            if all(float(v).is_integer() for v in x) and hi - lo <= 2000:
+                xs = list(range(int(lo), int(hi) + 1))
+            else:
+                xs = [lo + (hi - lo) * i / 199 for i in range(200)]
+            ys = [theory(v) for v in xs]
+        else:
+            xs, ys = list(theory[0]), list(theory[1])
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=theory_name,
+                                 line={"color": "#E45756", "dash": "dash"}))
+    fig.update_layout(title=title or f"{y_label} vs {x_label}", template=_TEMPLATE,
+                      xaxis={"title": {"text": x_label}, "type": "log" if log_x else "linear"},
+                      yaxis={"title": {"text": y_label},
+                             **({"tickformat": ".0%"} if percent else {})},
+                      height=420)
+    return fig
+
+
+def plot_memory(series: Mapping[int | str, Sequence[tuple[float, float]]], *,
+                title: str = "Activation memory over time", unit: str = "MiB",
+                limit_bytes: float | None = None) -> go.Figure:
+    """Memory over time, one step line per rank (or stage).
+
+    `series` maps a rank (int, shown as ``rank r``) or any label to ``(time_s, bytes)``
+    samples; memory is held constant between samples. `limit_bytes` draws a budget line.
+    """
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    if unit not in scale:
+        raise ValueError(f"unit must be one of {list(scale)}, got {unit!r}")
+    fig = go.Figure()
+    for key, samples in series.items():
+        pts = sorted(samples)
+        fig.add_trace(go.Scatter(
+            x=[t * 1e3 for t, _ in pts], y=[v / scale[unit] for _, v in pts],
+            mode="lines", line_shape="hv", name=f"rank {key}" if isinstance(key, int) else key,
+            hovertemplate=f"%{{x:.3f}} ms<br>%{{y:.2f}} {unit}<extra>%{{fullData.name}}</extra>"))
+    if limit_bytes is not None:
+        fig.add_hline(y=limit_bytes / scale[unit], line_dash="dot", line_color="#E45756",
+                      annotation_text="budget", annotation_position="top left")
+    fig.update_layout(title=title, template=_TEMPLATE, height=400,
+                      xaxis={"title": {"text": "time (ms)"}},
+                      yaxis={"title": {"text": f"memory ({unit})"}})
+    return fig

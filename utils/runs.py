@@ -1,0 +1,178 @@
+"""The run directory and the `Run` object: one finished (or failed) job, restorable from disk.
+
+Layout of ``runs/<time>-<name>-<id>/`` (the parent folder is `runs_dir()`):
+
+- ``spec.json``, ``command.txt``         what was run, and the command to run it by hand
+- ``partition.json``                     the stage boundaries, chosen before launch
+- ``status.json``                        state, error, start and end, launcher pid, notes
+- ``launcher.log``                       what torchrun printed
+- per rank: ``rank{r}.log``, ``events-rank{r}.jsonl``, ``progress-rank{r}.jsonl``,
+  ``result-rank{r}.json`` or ``error-rank{r}.json`` (see `utils.job`)
+
+Only the launcher writes ``state: "succeeded"``, and only after every rank wrote its result
+and torchrun exited 0; a run whose launcher vanished reads back as ``"incomplete"``, so a
+crashed or killed run never looks successful.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from .spec import JobSpec
+from .timeline import Event, Timeline
+
+FINAL_STATES = ("succeeded", "failed", "timeout", "stopped", "incomplete")
+
+
+def runs_dir() -> Path:
+    """Where runs are kept: ``$WORKBOOK_RUNS`` if set, else ``runs/`` at the project root."""
+    configured = os.environ.get("WORKBOOK_RUNS")
+    return Path(configured) if configured else Path(__file__).resolve().parent.parent / "runs"
+
+
+def read_json(path: Path, default=None):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Complete lines only: a line still being written is skipped, not misread."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+@dataclass
+class Run:
+    """A job's record. Heavy parts (timeline) load on first use."""
+
+    path: Path
+    spec: JobSpec
+    state: str
+    command: str
+    error: str | None
+    started: float
+    finished: float | None
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def load(cls, path: str | Path) -> Run:
+        path = Path(path)
+        spec_data = read_json(path / "spec.json")
+        if spec_data is None:
+            raise FileNotFoundError(f"{path} is not a run directory (no readable spec.json)")
+        status = read_json(path / "status.json", {})
+        state = status.get("state", "incomplete")
+        if state == "running" and not _alive(status.get("launcher_pid")):
+            state = "incomplete"
+        return cls(path=path, spec=JobSpec.from_dict(spec_data), state=state,
+                   command=(path / "command.txt").read_text() if (path / "command.txt").exists() else "",
+                   error=status.get("error"), started=status.get("started", 0.0),
+                   finished=status.get("finished"), notes=tuple(status.get("notes", ())))
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def ranks(self) -> range:
+        return range(self.spec.world_size)
+
+    @cached_property
+    def results(self) -> dict[int, dict]:
+        """Per rank: stage, layer range, peak memory, device (only ranks that finished)."""
+        found = {r: read_json(self.path / f"result-rank{r}.json") for r in self.ranks}
+        return {r: data for r, data in found.items() if data is not None}
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        from .models import get_model
+
+        events = [Event(**row) for r in self.ranks
+                  for row in read_jsonl(self.path / f"events-rank{r}.jsonl")]
+        spec = self.spec
+        return Timeline(events=tuple(events), num_stages=spec.num_stages,
+                        num_micro_batches=spec.micro_batches, source="measured",
+                        micro_batch_size=spec.micro_batch_size, data_parallel=spec.data_parallel,
+                        seq_len=get_model(spec.model, spec.model_options).seq_len,
+                        label=spec.name or self.name,
+                        meta={"schedule": spec.schedule, "parts": self.parts, "run": str(self.path),
+                              "device": self.device})
+
+    def progress(self, rank: int = 0) -> list[dict]:
+        """The per-step lines (step, loss, seconds) one rank wrote."""
+        return read_jsonl(self.path / f"progress-rank{rank}.jsonl")
+
+    @property
+    def losses(self) -> list[float]:
+        """Training loss per step (averaged over data-parallel replicas by DeepSpeed)."""
+        return [row["loss"] for row in self.progress(0)]
+
+    @property
+    def step_times(self) -> list[float]:
+        """Seconds per step: the slowest rank's `train_batch` time."""
+        per_rank = [[row["seconds"] for row in self.progress(r)] for r in self.ranks]
+        return [max(times) for times in zip(*per_rank)] if per_rank else []
+
+    @property
+    def parts(self) -> list[int]:
+        """Stage boundaries ``[0, b1, ..., n_layers]`` the job ran with."""
+        return read_json(self.path / "partition.json")
+
+    @property
+    def peak_memory(self) -> dict[int, int]:
+        """Peak memory per stage in bytes (largest over replicas); see `memory_kind`."""
+        peaks: dict[int, int] = {}
+        for data in self.results.values():
+            peaks[data["stage"]] = max(peaks.get(data["stage"], 0), data["peak_memory_bytes"])
+        return dict(sorted(peaks.items()))
+
+    @property
+    def memory_kind(self) -> str | None:
+        """``cuda_max_memory_allocated`` on GPU, ``cpu_max_rss`` (whole process) on CPU."""
+        return next((data["memory_kind"] for data in self.results.values()), None)
+
+    @property
+    def device(self) -> str | None:
+        return next((data["device"] for data in self.results.values()), None)
+
+    def log(self, rank: int, *, tail: int | None = None) -> str:
+        text = (self.path / f"rank{rank}.log").read_text(errors="replace") \
+            if (self.path / f"rank{rank}.log").exists() else ""
+        return "\n".join(text.splitlines()[-tail:]) if tail else text
+
+    def __repr__(self) -> str:
+        return (f"Run({self.name!r}, state={self.state!r}, stages={self.spec.num_stages}, "
+                f"micro_batches={self.spec.micro_batches}, steps={len(self.losses)}/{self.spec.steps})")
+
+
+def list_runs(directory: str | Path | None = None) -> list[Run]:
+    """Every readable run under `directory` (default `runs_dir()`), oldest first."""
+    root = Path(directory) if directory else runs_dir()
+    if not root.exists():
+        return []
+    return [Run.load(p) for p in sorted(root.iterdir()) if (p / "spec.json").exists()]
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

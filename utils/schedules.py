@@ -1,0 +1,448 @@
+"""Pipeline schedules as plain data: which compute action every rank runs, in which order.
+
+A schedule is only an *order*. How long anything takes is the simulator's business
+(`utils.simulate`); what DeepSpeed's engine executes is the tracer's. Keeping the order as
+data lets a learner print it, check it (`Schedule.validate`), count the activations it keeps
+alive (`Schedule.in_flight`) and hand it to the simulator, in the style of PyTorch's
+``torch/distributed/pipelining/schedules.py``.
+
+Vocabulary (the one thing to get right with interleaved schedules):
+
+* **rank**: a pipeline process / GPU; one row of a timeline. ``Schedule.num_stages`` counts
+  ranks, and ``Schedule.actions[rank]`` is that rank's order.
+* **virtual stage** (``Action.stage``): one model chunk, numbered along the model
+  ``0 .. num_stages * chunks - 1``. Virtual stage ``k`` lives on rank ``k % num_stages`` as
+  its local chunk ``k // num_stages`` (Megatron's and torch's "loop" placement). Without
+  interleaving (``chunks == 1``) virtual stage, rank and pipeline stage are the same number.
+* **chunk** (``Action.chunk``): the local chunk index on the rank, ``stage // num_stages``.
+
+Action strings follow torch: ``"<virtual stage><letter><micro-batch>"`` with F = forward,
+B = full backward, I = backward for inputs, W = backward for weights, e.g. ``"1F0"``,
+``"2B3"``, ``"0I1"``, ``"0W1"``. The zero-bubble paper (Qi et al., 2023) writes the
+input-gradient pass as *B*; we print it as ``I`` (as torch and `utils.timeline` do) so every
+string parses back to exactly one action.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+from .timeline import COMPUTE_KINDS, KIND_LETTER
+
+__all__ = ["Action", "Schedule", "SCHEDULES", "build", "parse_action"]
+
+#: Schedule names `build` knows.
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+
+_LETTER_KIND = {KIND_LETTER[k]: k for k in COMPUTE_KINDS}  # F, B, I, W
+_ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One compute action: `kind` of micro-batch `micro_batch` on virtual stage `stage`.
+
+    `stage` is the virtual stage (model chunk along the model); `chunk` is its local index on
+    its rank (``stage // num_stages``), 0 without interleaving. The rank is not stored: it is
+    ``stage % num_stages`` and only a `Schedule` knows ``num_stages``.
+    """
+
+    stage: int
+    kind: str
+    micro_batch: int
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in COMPUTE_KINDS:
+            raise ValueError(f"unknown action kind {self.kind!r}; expected one of {COMPUTE_KINDS}")
+        if min(self.stage, self.micro_batch, self.chunk) < 0:
+            raise ValueError(f"negative index in {self!r}")
+
+    def __str__(self) -> str:
+        return f"{self.stage}{KIND_LETTER[self.kind]}{self.micro_batch}"
+
+
+def parse_action(text: str, *, num_stages: int | None = None) -> Action:
+    """``"1F0"`` -> ``Action(1, "forward", 0)``; letters F, B, I, W as in `Action.__str__`.
+
+    Give `num_stages` (ranks) to fill `chunk` for interleaved schedules.
+    """
+    match = _ACTION_RE.match(text)
+    if not match:
+        raise ValueError(f"cannot parse action {text!r}; expected e.g. '1F0', '2B3', '0I1', '0W1'")
+    stage, letter, mb = int(match[1]), match[2], int(match[3])
+    chunk = stage // num_stages if num_stages else 0
+    return Action(stage, _LETTER_KIND[letter], mb, chunk)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated schedule flattened to indices, for fast repeated timing."""
+
+    actions: tuple[Action, ...]
+    rank: tuple[int, ...]
+    dep1: tuple[int, ...]  # index of the first input's producer, -1 if none
+    dep2: tuple[int, ...]  # index of the second input's producer, -1 if none
+    order: tuple[int, ...]  # a topological order consistent with every rank's order
+
+    def times(self, durations: Sequence[float], comm: float = 0.0,
+              num_ranks: int | None = None) -> tuple[list[float], list[float]]:
+        """Start and end of every action when each starts as soon as its rank is free and
+        its inputs have arrived (`comm` seconds after the producer ended, if on another rank)."""
+        n = len(self.actions)
+        start, end = [0.0] * n, [0.0] * n
+        free = [0.0] * (num_ranks or (max(self.rank) + 1))
+        rank, dep1, dep2 = self.rank, self.dep1, self.dep2
+        for i in self.order:
+            r = rank[i]
+            s = free[r]
+            j = dep1[i]
+            if j >= 0:
+                t = end[j] + comm if rank[j] != r else end[j]
+                if t > s:
+                    s = t
+                j = dep2[i]
+                if j >= 0:
+                    t = end[j] + comm if rank[j] != r else end[j]
+                    if t > s:
+                        s = t
+            e = s + durations[i]
+            start[i], end[i], free[r] = s, e, e
+        return start, end
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank execution order of compute actions for one training step.
+
+    `actions[r]` is what rank ``r`` runs, in order. `num_stages` counts ranks (physical
+    pipeline stages); `chunks` is the number of model chunks per rank (virtual stages per
+    rank, > 1 only for interleaved schedules), so the model has ``num_stages * chunks``
+    virtual stages.
+    """
+
+    name: str
+    num_stages: int
+    num_micro_batches: int
+    chunks: int
+    actions: tuple[tuple[Action, ...], ...]
+
+    # --- structure -------------------------------------------------------------------------
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.num_stages * self.chunks
+
+    @cached_property
+    def split_backward(self) -> bool:
+        """True when the backward is split into input (I) and weight (W) gradient passes."""
+        return any(a.kind == "backward_weight" for row in self.actions for a in row)
+
+    def rank_of(self, stage: int) -> int:
+        """Rank that holds virtual stage `stage`."""
+        return stage % self.num_stages
+
+    @classmethod
+    def from_strings(cls, rows: Sequence[Sequence[str] | str], *, name: str = "custom",
+                     chunks: int = 1, num_micro_batches: int | None = None) -> Schedule:
+        """Build a schedule from per-rank action strings, e.g. ``[["0F0", "0B0"], ...]``
+        or ``["0F0 0B0", "1F0 1B0"]``; handy for hand-written schedules in a lab."""
+        p = len(rows)
+        parsed = tuple(tuple(parse_action(t, num_stages=p)
+                             for t in (row.split() if isinstance(row, str) else row))
+                       for row in rows)
+        if num_micro_batches is None:
+            num_micro_batches = 1 + max((a.micro_batch for row in parsed for a in row), default=0)
+        return cls(name, p, num_micro_batches, chunks, parsed)
+
+    # --- checking --------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError unless the schedule is complete, well placed and deadlock-free.
+
+        Complete: every virtual stage runs each micro-batch exactly once forward and either
+        one full backward (B) or one input-gradient (I) plus one weight-gradient (W) pass.
+        Placed: an action sits on rank ``stage % num_stages``. Deadlock-free: running every
+        rank's list in order with zero costs, every action eventually finds its inputs ready
+        (forward needs the previous virtual stage's forward; backward needs its own forward
+        and the next virtual stage's backward; W needs its own I).
+        """
+        self._plan  # noqa: B018 - building the plan is the check (and caches it)
+
+    @cached_property
+    def _plan(self) -> _Plan:
+        p, m, v = self.num_stages, self.num_micro_batches, self.chunks
+        if p < 1 or m < 1 or v < 1:
+            raise ValueError(f"schedule {self.name!r}: num_stages, num_micro_batches and chunks "
+                             f"must be >= 1, got {p}, {m}, {v}")
+        if len(self.actions) != p:
+            raise ValueError(f"schedule {self.name!r} lists {len(self.actions)} ranks, "
+                             f"num_stages is {p}")
+        vs = p * v
+        size = vs * m  # actions are looked up in flat tables at (kind code * vs + stage) * m + mb
+        F, B, I, W = (c * size for c in range(4))  # noqa: E741 - the letters of the kinds
+        code = {"forward": F, "backward": B, "backward_input": I, "backward_weight": W}
+        where = [-1] * (4 * size)
+        flat: list[Action] = []
+        rank: list[int] = []
+        problems: list[str] = []
+        for r, row in enumerate(self.actions):
+            for a in row:
+                k, mb = a.stage, a.micro_batch
+                if k >= vs or mb >= m:
+                    problems.append(f"rank {r}: {a} is outside {vs} virtual stages x {m} "
+                                    "micro-batches")
+                    continue
+                if k % p != r or a.chunk != k // p:
+                    problems.append(f"rank {r}: {a} (chunk {a.chunk}) belongs on rank {k % p} "
+                                    f"as chunk {k // p}")
+                slot = code[a.kind] + k * m + mb
+                if where[slot] >= 0:
+                    problems.append(f"rank {r}: {a} appears twice")
+                where[slot] = len(flat)
+                flat.append(a)
+                rank.append(r)
+        for slot in range(size):
+            has_b, has_i, has_w = where[B + slot] >= 0, where[I + slot] >= 0, where[W + slot] >= 0
+            need = [F] + ([B] if has_b or not (has_i or has_w) else [I, W])
+            missing = [c for c in need if where[c + slot] < 0]
+            if missing or (has_b and (has_i or has_w)):
+                k, mb = divmod(slot, m)
+                for c in missing:
+                    kind = COMPUTE_KINDS[c // size]
+                    problems.append(f"virtual stage {k}, micro-batch {mb}: missing {kind} "
+                                    f"({k}{KIND_LETTER[kind]}{mb})")
+                if has_b and (has_i or has_w):
+                    problems.append(f"virtual stage {k}, micro-batch {mb}: has both a full "
+                                    "backward (B) and split backward passes (I/W)")
+        if problems:
+            more = f" (and {len(problems) - 8} more)" if len(problems) > 8 else ""
+            raise ValueError(f"schedule {self.name!r} is invalid: " + "; ".join(problems[:8]) + more)
+
+        # dependencies (see `validate`): forward <- previous forward; W <- own I;
+        # B/I <- own F and the next virtual stage's B (or I when that one is split).
+        # Stored as two flat arrays (-1 = none): first dependency, second dependency.
+        n = len(flat)
+        dep1, dep2 = [-1] * n, [-1] * n
+        for i, a in enumerate(flat):
+            kind, slot = a.kind, a.stage * m + a.micro_batch
+            if kind == "forward":
+                if a.stage > 0:
+                    dep1[i] = where[F + slot - m]
+            elif kind == "backward_weight":
+                dep1[i] = where[I + slot]
+            else:
+                dep1[i] = where[F + slot]
+                if a.stage + 1 < vs:
+                    nxt = where[B + slot + m]
+                    dep2[i] = nxt if nxt >= 0 else where[I + slot + m]
+        order = self._ready_order(flat, rank, dep1, dep2)
+        return _Plan(tuple(flat), tuple(rank), tuple(dep1), tuple(dep2), order)
+
+    def _ready_order(self, flat, rank, dep1, dep2) -> tuple[int, ...]:
+        """Run every rank's list with zero costs; the completion order, or a deadlock error."""
+        bounds, n = [], 0
+        for row in self.actions:
+            bounds.append((n, n + len(row)))
+            n += len(row)
+        pos = [lo for lo, _ in bounds]
+        done = bytearray(len(flat))
+        waiting: dict[int, list[int]] = {}
+        blocked_on: dict[int, int] = {}
+        order: list[int] = []
+        todo = list(range(self.num_stages))
+        while todo:
+            r = todo.pop()
+            i, stop = pos[r], bounds[r][1]
+            while i < stop:
+                missing = dep1[i]
+                if missing < 0 or done[missing]:
+                    missing = dep2[i]
+                    if missing >= 0 and done[missing]:
+                        missing = -1
+                if missing >= 0:
+                    waiting.setdefault(missing, []).append(r)
+                    blocked_on[r] = missing
+                    break
+                done[i] = 1
+                order.append(i)
+                if i in waiting:
+                    todo.extend(waiting.pop(i))
+                i += 1
+            pos[r] = i
+        if len(order) < len(flat):
+            stuck = [f"rank {r} waits at {flat[pos[r]]} for {flat[blocked_on[r]]}"
+                     + (" (later on the same rank)" if rank[blocked_on[r]] == r else "")
+                     for r in range(self.num_stages) if pos[r] < bounds[r][1]]
+            raise ValueError(f"schedule {self.name!r} deadlocks: " + "; ".join(stuck))
+        return tuple(order)
+
+    # --- questions a learner asks ---------------------------------------------------------
+    def in_flight(self, rank: int, *, release: str = "last") -> int:
+        """Peak number of (model chunk, micro-batch) activation sets rank `rank` holds.
+
+        A forward stores activations; they are freed by the micro-batch's full backward (B),
+        or, for split schedules, by its weight pass W (``release="last"``, the default: W
+        still reads the stored inputs) or already by its input pass I (``release="input"``).
+        With interleaving each chunk's activations count separately.
+        """
+        if release not in ("last", "input"):
+            raise ValueError(f"release must be 'last' or 'input', got {release!r}")
+        if release == "last":
+            return self._peaks_last[rank]
+        return self._peak(rank, release)
+
+    @cached_property
+    def _peaks_last(self) -> tuple[int, ...]:
+        return tuple(self._peak(r, "last") for r in range(self.num_stages))
+
+    def _peak(self, rank: int, release: str) -> int:
+        freeing = {"backward", "backward_weight" if release == "last" else "backward_input"}
+        held: set[tuple[int, int]] = set()
+        peak = 0
+        for a in self.actions[rank]:
+            if a.kind == "forward":
+                held.add((a.stage, a.micro_batch))
+                peak = max(peak, len(held))
+            elif a.kind in freeing:
+                held.discard((a.stage, a.micro_batch))
+        return peak
+
+    def grid(self) -> list[list[str]]:
+        """Time-slot x rank table of action strings ("" = idle), from a unit-cost run.
+
+        Every action takes one slot and communication is free, so row ``t`` shows what each
+        rank runs in slot ``t`` when it starts as early as its order and inputs allow.
+        """
+        plan = self._plan
+        start, _ = plan.times([1.0] * len(plan.actions), 0.0, self.num_stages)
+        slots = int(max(start, default=-1.0)) + 1
+        table = [[""] * self.num_stages for _ in range(slots)]
+        for i, a in enumerate(plan.actions):
+            table[int(start[i])][plan.rank[i]] = str(a)
+        return table
+
+    def __str__(self) -> str:
+        table = self.grid()
+        width = max([len(c) for row in table for c in row] + [6])
+        head = (f"{self.name}: {self.num_stages} ranks, {self.num_micro_batches} micro-batches"
+                + (f", {self.chunks} chunks per rank" if self.chunks > 1 else "")
+                + " (one row per unit-time slot; '.' = idle)")
+        lines = [head, "slot  " + " ".join(f"rank {r}".ljust(width) for r in range(self.num_stages))]
+        for t, row in enumerate(table):
+            lines.append(f"{t:>4}  " + " ".join((c or ".").ljust(width) for c in row))
+        return "\n".join(lines)
+
+
+# --- generators ------------------------------------------------------------------------------
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = value.__index__()
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def interleaved_group_size(num_stages: int, num_micro_batches: int) -> int:
+    """Micro-batches per round of interleaved 1F1B, as torch computes it.
+
+    Megatron needs ``m % p == 0`` and runs rounds of ``p`` micro-batches; torch relaxes this
+    to ``rounds = max(1, m // p)`` rounds of ``m // rounds`` micro-batches, which needs
+    ``m % rounds == 0`` (e.g. p=4 allows m=3, 4, 6, 8, 10 but not 9). We follow torch.
+    """
+    rounds = max(1, num_micro_batches // num_stages)
+    if num_micro_batches % rounds:
+        raise ValueError(
+            f"interleaved-1f1b with {num_stages} ranks cannot run {num_micro_batches} "
+            f"micro-batches: they must split into {rounds} equal rounds (torch's rule; "
+            f"Megatron needs a multiple of {num_stages})")
+    return num_micro_batches // rounds
+
+
+def _one_f_one_b(fwd: Callable[[int], Action], bwd: Callable[[int], Action], warmup: int,
+                 total: int, weight: Callable[[int], Action] | None = None,
+                 delay: int = 0) -> tuple[Action, ...]:
+    """Warm-up forwards, then forward/backward pairs, then the remaining backwards.
+
+    With `weight` (split backward), the weight pass of backward ``j - delay`` follows
+    backward ``j``; the `delay` passes left over run at the very end.
+    """
+    ops: list[Action] = [fwd(i) for i in range(warmup)]
+    for j in range(total):
+        if warmup + j < total:
+            ops.append(fwd(warmup + j))
+        ops.append(bwd(j))
+        if weight is not None and j >= delay:
+            ops.append(weight(j - delay))
+    if weight is not None:
+        ops.extend(weight(j) for j in range(max(0, total - delay), total))
+    return tuple(ops)
+
+
+@lru_cache(maxsize=1 << 16)
+def _action(stage: int, kind: str, micro_batch: int, chunk: int) -> Action:
+    return Action(stage, kind, micro_batch, chunk)  # shared: actions are immutable
+
+
+@lru_cache(maxsize=1024)
+def build(name: str, num_stages: int, num_micro_batches: int, *, chunks: int = 1) -> Schedule:
+    """The schedule `name` for `num_stages` ranks and `num_micro_batches` micro-batches.
+
+    * ``"gpipe"``: all forwards, then all backwards in micro-batch order 0..m-1.
+    * ``"1f1b"``: rank ``s`` runs ``min(p - s - 1, m)`` warm-up forwards, then alternates
+      forward and backward, then drains; the same order as DeepSpeed's ``TrainSchedule``.
+    * ``"interleaved-1f1b"``: Megatron's interleaved 1F1B with `chunks` (>= 2) model chunks
+      per rank, depth first in rounds of micro-batches; the same order as torch's
+      ``ScheduleInterleaved1F1B`` (see `interleaved_group_size` for the allowed m).
+    * ``"zb-h1"``: ZB-H1 (Qi et al., 2023): 1F1B's forward/input-backward order with each
+      backward split into I and W; rank ``s`` postpones its first ``s`` weight passes, which
+      then fill the drain bubble. Peak activations (released at W) are ``p`` micro-batches
+      on every rank, the same peak as 1F1B's first rank. Same order as torch's
+      ``ScheduleInterleavedZeroBubble`` with one chunk per rank.
+    """
+    key = name.lower().strip() if isinstance(name, str) else name
+    if key not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    p = _check_int("num_stages", num_stages)
+    m = _check_int("num_micro_batches", num_micro_batches)
+    v = _check_int("chunks", chunks)
+    if key == "interleaved-1f1b":
+        if v < 2:
+            raise ValueError("interleaved-1f1b needs chunks >= 2 model chunks per rank; "
+                             "with one chunk per rank use '1f1b'")
+        group = interleaved_group_size(p, m)
+    elif v != 1:
+        raise ValueError(f"{key} runs one model chunk per rank (chunks=1), got chunks={v}; "
+                         "use 'interleaved-1f1b' for several")
+    rows = []
+    for r in range(p):
+        def act(kind: str, k: int, mb: int) -> Action:
+            return _action(k, kind, mb, k // p)
+        if key == "gpipe":
+            row = tuple(act("forward", r, i) for i in range(m)) + \
+                tuple(act("backward", r, j) for j in range(m))
+        elif key == "1f1b":
+            row = _one_f_one_b(lambda i: act("forward", r, i), lambda j: act("backward", r, j),
+                               min(p - r - 1, m), m)
+        elif key == "zb-h1":
+            row = _one_f_one_b(lambda i: act("forward", r, i),
+                               lambda j: act("backward_input", r, j), min(p - r - 1, m), m,
+                               weight=lambda j: act("backward_weight", r, j), delay=r)
+        else:  # interleaved: op i of a kind -> (chunk, micro-batch) in rounds of `group`
+            def place(i: int, reverse: bool) -> tuple[int, int]:
+                c = (i // group) % v
+                return (v - 1 - c if reverse else c), (i // (group * v)) * group + i % group
+
+            def fwd(i: int) -> Action:
+                c, mb = place(i, False)
+                return act("forward", c * p + r, mb)
+
+            def bwd(j: int) -> Action:
+                c, mb = place(j, True)
+                return act("backward", c * p + r, mb)
+            warmup = min((v - 1) * group + 2 * (p - 1 - r), v * m)
+            row = _one_f_one_b(fwd, bwd, warmup, v * m)
+        rows.append(row)
+    return Schedule(key, p, m, v, tuple(rows))

@@ -1,0 +1,194 @@
+"""The one data model of the workbook: a `Timeline` of `Event`s.
+
+A real DeepSpeed run (through the tracer), the simulator and any later source all produce
+this model, so every metric and every picture works the same on measured and simulated
+pipelines. An event is one executed pipeline instruction on one stage: what kind it was,
+which micro-batch it served and when it started and ended, in seconds from an origin
+common to all stages of the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+#: Instruction kinds that do model computation (they count as "busy" in the bubble ratio).
+COMPUTE_KINDS = ("forward", "backward", "backward_input", "backward_weight")
+#: Point-to-point communication between neighbouring stages.
+COMM_KINDS = ("send_act", "recv_act", "send_grad", "recv_grad")
+#: Instructions that run once per step, after the pipeline has drained.
+STEP_KINDS = ("reduce_tied_grads", "reduce_grads", "optimizer_step")
+#: Every kind an event may have, in the order plots list them.
+KINDS = COMPUTE_KINDS + ("load",) + COMM_KINDS + STEP_KINDS
+
+#: Short letters for compact printing (PyTorch's schedules print actions as ``1F0``).
+KIND_LETTER = {
+    "forward": "F",
+    "backward": "B",
+    "backward_input": "I",
+    "backward_weight": "W",
+    "load": "L",
+    "send_act": "sa",
+    "recv_act": "ra",
+    "send_grad": "sg",
+    "recv_grad": "rg",
+    "reduce_tied_grads": "RT",
+    "reduce_grads": "R",
+    "optimizer_step": "O",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One executed pipeline instruction."""
+
+    stage: int
+    """Pipeline stage (one timeline row per stage)."""
+    rank: int
+    """Global process rank that executed it (differs from `stage` with data parallelism)."""
+    step: int
+    """Training step (one `train_batch` call), counted from 0."""
+    kind: str
+    """One of `KINDS`."""
+    micro_batch: int | None
+    """Micro-batch served, counted from 0 within the step; None for per-step instructions."""
+    start: float
+    """Start time in seconds from the timeline's origin."""
+    end: float
+    """End time in seconds from the timeline's origin."""
+    chunk: int = 0
+    """Model chunk on this stage (virtual stage of interleaved schedules); 0 otherwise."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown event kind {self.kind!r}; expected one of {KINDS}")
+        if self.end < self.start:
+            raise ValueError(f"event ends before it starts: {self}")
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def label(self) -> str:
+        """Compact form such as ``1F0`` (stage 1, forward, micro-batch 0)."""
+        mb = "" if self.micro_batch is None else str(self.micro_batch)
+        return f"{self.stage}{KIND_LETTER[self.kind]}{mb}"
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What every stage of a pipeline executed, over one or more training steps.
+
+    `source` says where the events come from: ``"measured"`` for a real run, ``"simulated"``
+    for the simulator. Metrics and plots do not care, but labels must never pass a
+    simulation off as a measurement.
+    """
+
+    events: tuple[Event, ...]
+    num_stages: int
+    num_micro_batches: int
+    source: str = "measured"
+    micro_batch_size: int = 1
+    """Samples per micro-batch per data-parallel replica (for throughput)."""
+    data_parallel: int = 1
+    """Number of data-parallel replicas; throughput counts all of them."""
+    seq_len: int | None = None
+    """Tokens per sample when the model is a language model (for tokens/s), else None."""
+    label: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+    """Free-form facts about the source (schedule name, partition, device ...)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(sorted(self.events, key=_event_order)))
+        bad = {e.stage for e in self.events if not 0 <= e.stage < self.num_stages}
+        if bad:
+            raise ValueError(f"events on stages {sorted(bad)} outside 0..{self.num_stages - 1}")
+
+    # --- selection -------------------------------------------------------------------------
+    @property
+    def steps(self) -> list[int]:
+        """The training steps present, in order."""
+        return sorted({e.step for e in self.events})
+
+    def select(self, *, step: int | None = None, stage: int | None = None,
+               kinds: Iterable[str] | None = None, rank: int | None = None) -> list[Event]:
+        """Events matching every given filter, in time order."""
+        wanted = None if kinds is None else set(kinds)
+        return [e for e in self.events
+                if (step is None or e.step == step)
+                and (stage is None or e.stage == stage)
+                and (rank is None or e.rank == rank)
+                and (wanted is None or e.kind in wanted)]
+
+    def for_step(self, step: int) -> Timeline:
+        """The same timeline restricted to one step."""
+        return replace(self, events=tuple(self.select(step=step)))
+
+    def compute_order(self, stage: int, step: int, *, rank: int | None = None) -> list[str]:
+        """Compute actions of one stage in execution order, e.g. ``['F0', 'F1', 'B0', ...]``."""
+        return [f"{KIND_LETTER[e.kind]}{e.micro_batch}"
+                for e in self.select(step=step, stage=stage, kinds=COMPUTE_KINDS, rank=rank)]
+
+    def metrics(self, step: int | None = None, **options):
+        """Bubble ratio, utilisation and the rest: see `utils.metrics.compute_metrics`."""
+        from .metrics import compute_metrics  # metrics build on the model, not the reverse
+
+        return compute_metrics(self, step=step, **options)
+
+    # --- persistence and export -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        header = {k: v for k, v in asdict(self).items() if k != "events"}
+        return {**header, "events": [asdict(e) for e in self.events]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Timeline:
+        data = dict(data)
+        events = tuple(Event(**e) for e in data.pop("events"))
+        return cls(events=events, **data)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Timeline:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def to_chrome_trace(self, path: str | Path) -> Path:
+        """Write a Chrome trace (Perfetto, chrome://tracing): one row per stage, times in µs.
+
+        Each stage is a "process" named ``stage N`` and each global rank a thread inside it,
+        so data-parallel replicas of a stage sit next to each other.
+        """
+        trace: list[dict] = []
+        for stage in range(self.num_stages):
+            trace.append({"ph": "M", "name": "process_name", "pid": stage, "tid": 0,
+                          "args": {"name": f"stage {stage}"}})
+            trace.append({"ph": "M", "name": "process_sort_index", "pid": stage, "tid": 0,
+                          "args": {"sort_index": stage}})
+        for e in self.events:
+            trace.append({
+                "ph": "X", "name": e.label, "cat": e.kind, "pid": e.stage, "tid": e.rank,
+                "ts": e.start * 1e6, "dur": e.duration * 1e6,
+                "args": {"step": e.step, "micro_batch": e.micro_batch, "kind": e.kind,
+                         "chunk": e.chunk},
+            })
+        path = Path(path)
+        payload = {"traceEvents": trace, "displayTimeUnit": "ms",
+                   "otherData": {"source": self.source, "label": self.label}}
+        path.write_text(json.dumps(payload), encoding="utf-8")
+        return path
+
+
+def merge(events_per_rank: Sequence[Iterable[Event]], **timeline_fields) -> Timeline:
+    """Join the events each rank recorded into one `Timeline`."""
+    events = tuple(e for rank_events in events_per_rank for e in rank_events)
+    return Timeline(events=events, **timeline_fields)
+
+
+def _event_order(e: Event) -> tuple:
+    return (e.step, e.start, e.stage, e.rank, e.end)
