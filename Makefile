@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=. chapters/01_课程导入.ipynb
+	$(VENV)/bin/jupyter lab --notebook-dir=. README.md
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -5,12 +5,24 @@ processes (`run_job`), and only those import it.
 """
 
 from .launch import JobFailed, RunningJob, run_job, start_job
+from .metrics import Metrics, MetricsSummary, compute_metrics
 from .models import PRESETS, get_model
+from .partition import LayerMemory, bottleneck, partition, stage_costs
+from .plots import compare_timelines, plot_memory, plot_stage_breakdown, plot_sweep, plot_timeline
 from .runs import Run, list_runs, runs_dir
+from .schedules import Action, Schedule, build, parse_action
+from .simulate import simulate
 from .spec import Fault, JobSpec
+from .theory import bubble_overhead_interleaved, bubble_ratio_1f1b, bubble_ratio_gpipe, bubble_ratio_interleaved
 from .timeline import Event, Timeline
+from .whatif import best, predict, search_micro_batches, stage_costs_from_timeline
 
 __all__ = [
-    "Event", "Fault", "JobFailed", "JobSpec", "PRESETS", "Run", "RunningJob", "Timeline",
-    "get_model", "list_runs", "run_job", "runs_dir", "start_job",
+    "Action", "Event", "Fault", "JobFailed", "JobSpec", "LayerMemory", "Metrics", "MetricsSummary",
+    "PRESETS", "Run", "RunningJob", "Schedule", "Timeline", "best", "bottleneck", "build",
+    "bubble_overhead_interleaved", "bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved",
+    "compare_timelines", "compute_metrics", "get_model", "list_runs", "parse_action", "partition",
+    "plot_memory", "plot_stage_breakdown", "plot_sweep", "plot_timeline", "predict", "run_job",
+    "runs_dir", "search_micro_batches", "simulate", "stage_costs", "stage_costs_from_timeline",
+    "start_job",
 ]

@@ -36,6 +36,9 @@ from .tracing import StatusSlot
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 POLL_SECONDS = 0.2
+TORCHRUN_GRACE = 3.0
+"""Seconds torchrun gets to stop the other ranks and report exit codes after a failure."""
+PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 class JobFailed(RuntimeError):
@@ -56,6 +59,7 @@ class RunningJob:
         self.started = time.time()
         self.state = "running"
         self.error: str | None = None
+        self._workers: dict[int, psutil.Process] = {}
 
     # --- observation ---------------------------------------------------------------------------
     def progress(self) -> list[dict]:
@@ -66,20 +70,40 @@ class RunningJob:
         """Advance the state machine once; returns the state (``"running"`` until the end)."""
         if self.state != "running":
             return self.state
-        errors = [e for r in range(self.spec.world_size)
-                  if (e := read_json(self.path / f"error-rank{r}.json")) is not None]
+        self._track_workers()
+        errors = self._errors()
         code = self.process.poll()
-        if errors:
-            self._finish("failed", _describe_errors(errors))
-        elif code is not None:
-            results = [r for r in range(self.spec.world_size) if (self.path / f"result-rank{r}.json").exists()]
-            if code == 0 and len(results) == self.spec.world_size:
+        if errors or code is not None:
+            if code is None:  # a rank failed: let torchrun stop the rest and report exit codes
+                try:
+                    self.process.wait(timeout=TORCHRUN_GRACE)
+                except subprocess.TimeoutExpired:
+                    pass
+                errors = self._errors()
+            finished = [r for r in range(self.spec.world_size) if (self.path / f"result-rank{r}.json").exists()]
+            if not errors and self.process.returncode == 0 and len(finished) == self.spec.world_size:
                 self._finish("succeeded", None)
             else:
-                self._finish("failed", self._describe_exit(code))
+                self._finish("failed", self._describe_failure(errors))
         elif time.time() - self.started > self.spec.timeout:
             self._finish("timeout", self._describe_hang())
         return self.state
+
+    def _errors(self) -> list[dict]:
+        return [e for r in range(self.spec.world_size)
+                if (e := read_json(self.path / f"error-rank{r}.json")) is not None]
+
+    def _track_workers(self) -> None:
+        """Remember which pid runs which rank, to tell later which rank vanished first."""
+        if len(self._workers) == self.spec.world_size:
+            return
+        try:
+            for child in psutil.Process(self.process.pid).children():
+                rank = child.environ().get("RANK")
+                if rank is not None:
+                    self._workers[int(rank)] = child
+        except (psutil.Error, ValueError):
+            pass
 
     def stop(self, reason: str = "stopped by the user") -> None:
         """Stop every process of the job now."""
@@ -117,15 +141,29 @@ class RunningJob:
         _write_status(self.path, state=state, error=error, started=self.started,
                       finished=time.time(), command=self.command, notes=self.notes)
 
-    def _describe_exit(self, code: int) -> str:
+    def _describe_failure(self, errors: list[dict]) -> str:
+        """Name the rank that failed first: the others usually fail *because* of it (their
+        peer connection closed), so their errors are reported as consequences."""
+        causes = [e for e in errors if not _is_peer_failure(e)]
+        if causes:
+            return _describe_error(min(causes, key=lambda e: e["time"]), errors)
         log = (self.path / "launcher.log").read_text(errors="replace")
-        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.S)
-        if root:
-            rank, exitcode = int(root.group(1)), int(root.group(2))
-            stage = rank // self.spec.data_parallel
-            return (f"rank {rank} (stage {stage}) died with exit code {exitcode} and no Python error; "
+        exit_codes = {int(r): int(c) for r, c in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.S)}
+        reported = {e["rank"] for e in errors}
+        vanished = [r for r, proc in sorted(self._workers.items())
+                    if r not in reported and not (self.path / f"result-rank{r}.json").exists()
+                    and exit_codes.get(r, 1) > 0]
+        if vanished:
+            rank = vanished[0]
+            code = exit_codes.get(rank)
+            how = f"died with exit code {code}" if code is not None else "died"
+            after = f" (rank(s) {sorted(reported)} then lost their connection to it)" if reported else ""
+            return (f"rank {rank} (stage {rank // self.spec.data_parallel}) {how} and no Python error{after}; "
                     f"the end of its log:\n{_tail(self.path / f'rank{rank}.log')}")
-        return f"torchrun exited with code {code}; the end of launcher.log:\n{_tail(self.path / 'launcher.log')}"
+        if errors:
+            return _describe_error(min(errors, key=lambda e: e["time"]), errors)
+        return (f"torchrun exited with code {self.process.returncode}; the end of launcher.log:\n"
+                f"{_tail(self.path / 'launcher.log')}")
 
     def _describe_hang(self) -> str:
         lines = [f"no progress to the end within timeout={self.spec.timeout:g} s; "
@@ -277,9 +315,12 @@ def _kill_tree(process: subprocess.Popen, grace: float = 3.0) -> None:
         pass
 
 
-def _describe_errors(errors: list[dict]) -> str:
-    """Name the first rank that failed: the others usually fail *because* of it."""
-    first = min(errors, key=lambda e: e["time"])
+def _is_peer_failure(error: dict) -> bool:
+    """Errors a rank gets because a *neighbour* went away, not because of its own code."""
+    return any(text in error["message"] for text in PEER_FAILURE_TEXTS)
+
+
+def _describe_error(first: dict, errors: list[dict]) -> str:
     tail = "\n".join(first["traceback"].strip().splitlines()[-12:])
     others = sorted(e["rank"] for e in errors if e is not first)
     also = f" (then rank(s) {others} failed too)" if others else ""

@@ -114,7 +114,7 @@ class _Plan:
         return start, end
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Schedule:
     """Per-rank execution order of compute actions for one training step.
 
@@ -322,6 +322,13 @@ class Schedule:
         for i, a in enumerate(plan.actions):
             table[int(start[i])][plan.rank[i]] = str(a)
         return table
+
+    def __repr__(self) -> str:
+        return (f"Schedule({self.name!r}, num_stages={self.num_stages}, "
+                f"num_micro_batches={self.num_micro_batches}, chunks={self.chunks})")
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython/Jupyter: show the grid
+        printer.text(repr(self) if cycle else str(self))
 
     def __str__(self) -> str:
         table = self.grid()

@@ -97,8 +97,8 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
     ``timeline.meta`` holds:
 
     * ``"schedule"``, ``"chunks"``, ``"comm"``: what was simulated;
-    * ``"activation_memory"``: per rank, a list of ``(time, held)`` step points, starting
-      with ``(0.0, 0)``; `held` stays until the next point. A micro-batch's activations on a
+    * ``"activation_memory"``: per rank, a list of ``(time, held)`` step points, the first
+      at time 0.0; `held` stays until the next point (changes at the same instant are netted). A micro-batch's activations on a
       virtual stage are taken at the start of its forward and freed at the end of its B (or
       W when split), counting `activation_bytes` for that virtual stage (a scalar or one
       value per virtual stage); with ``activation_bytes=None`` each counts 1, so the unit is

@@ -18,11 +18,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from numbers import Real
 from statistics import median
 
-from .schedules import build
-from .simulate import simulate
+from .schedules import SCHEDULES, build
+from .simulate import Costs, simulate
 from .timeline import COMM_KINDS, Timeline
+
+PerStage = float | Sequence[float]
+"""A number for every stage alike, or one value per stage."""
 
 __all__ = ["StageCosts", "stage_costs_from_timeline", "predict",
            "SearchRow", "search_micro_batches", "best"]
@@ -130,7 +134,8 @@ def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
 
 
 def predict(timeline: Timeline, *, micro_batches: int | None = None,
-            schedule: str | None = None, forward=None, backward=None, weight=None,
+            schedule: str | None = None, forward: Costs | None = None,
+            backward: Costs | None = None, weight: Costs | None = None,
             comm: float | None = None, step: int | None = None) -> Timeline:
     """Predict the timeline of a changed configuration from a measured one.
 
@@ -145,8 +150,11 @@ def predict(timeline: Timeline, *, micro_batches: int | None = None,
     """
     costs = stage_costs_from_timeline(timeline, step)
     name = schedule or timeline.meta.get("schedule") or "1f1b"
+    if name not in SCHEDULES:
+        raise ValueError(f"cannot simulate schedule {name!r} (from the timeline's meta); pass "
+                         f"schedule= one of {', '.join(SCHEDULES)}")
     chunks = (costs.chunks if costs.chunks > 1 else 2) if name == "interleaved-1f1b" else 1
-    m = micro_batches or timeline.num_micro_batches
+    m = timeline.num_micro_batches if micro_batches is None else micro_batches
     target = build(name, timeline.num_stages, m, chunks=chunks)
     if (forward is None or backward is None) and costs.chunks != chunks:
         raise ValueError(f"the run was calibrated with {costs.chunks} chunk(s) per rank but "
@@ -188,8 +196,8 @@ class SearchRow:
         return max(self.peak_activation)
 
 
-def _per_stage(value, p: int, name: str) -> list[float]:
-    if isinstance(value, (int, float)):
+def _per_stage(value: PerStage, p: int, name: str) -> list[float]:
+    if isinstance(value, Real):
         return [float(value)] * p
     values = [float(x) for x in value]
     if len(values) != p:
@@ -197,11 +205,12 @@ def _per_stage(value, p: int, name: str) -> list[float]:
     return values
 
 
-def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_sample,
-                         backward_per_sample, activation_bytes_per_sample, memory_budget,
-                         schedules: Sequence[str] = ("1f1b", "gpipe"),
-                         fixed_overhead=0.0, weight_per_sample=None, comm: float = 0.0,
-                         chunks: int = 2, data_parallel: int = 1) -> list[SearchRow]:
+def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_sample: PerStage,
+                         backward_per_sample: PerStage, activation_bytes_per_sample: PerStage,
+                         memory_budget: PerStage, schedules: Sequence[str] = ("1f1b", "gpipe"),
+                         fixed_overhead: PerStage = 0.0, weight_per_sample: PerStage | None = None,
+                         comm: float = 0.0, chunks: int = 2,
+                         data_parallel: int = 1) -> list[SearchRow]:
     """Evaluate every micro-batch count m dividing the per-replica batch, for each schedule.
 
     The per-replica batch ``global_batch / data_parallel`` splits into m micro-batches of
@@ -214,10 +223,13 @@ def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_samp
     `chunks` chunks while every chunk pays the full `fixed_overhead` (more, smaller kernels),
     and counts m that torch cannot interleave are skipped.
     """
-    if global_batch < 1 or global_batch % data_parallel:
+    p, global_batch, data_parallel = int(num_stages), int(global_batch), int(data_parallel)
+    if global_batch < 1 or data_parallel < 1 or global_batch % data_parallel:
         raise ValueError(f"global_batch {global_batch} must be a positive multiple of "
                          f"data_parallel {data_parallel}")
-    p, batch = num_stages, global_batch // data_parallel
+    batch = global_batch // data_parallel
+    if "interleaved-1f1b" in schedules and chunks < 2:
+        raise ValueError(f"interleaved-1f1b needs chunks >= 2, got {chunks}")
     fps = _per_stage(forward_per_sample, p, "forward_per_sample")
     bps = _per_stage(backward_per_sample, p, "backward_per_sample")
     wps = None if weight_per_sample is None else _per_stage(weight_per_sample, p, "weight_per_sample")

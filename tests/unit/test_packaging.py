@@ -1,0 +1,50 @@
+"""Project hygiene: pins agree between pyproject.toml and environment.yml; notebooks are
+committed without outputs; `import utils` starts nothing heavy."""
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pins(lines):
+    pins = {}
+    for line in lines:
+        m = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*([=<>!~]=?.*)$", line.strip().strip('"').strip("-").strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2).strip()
+    return pins
+
+
+def test_environment_yml_has_the_same_pins_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _pins(project["dependencies"] + project["optional-dependencies"]["test"])
+    yml_lines = (ROOT / "environment.yml").read_text().splitlines()
+    pip_section = [line for line in yml_lines if line.startswith("      - ")]
+    assert _pins(pip_section) == declared
+
+
+def test_committed_notebooks_have_no_outputs():
+    tracked = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    dirty = []
+    for path in tracked:
+        nb = json.loads((ROOT / path).read_text(encoding="utf-8"))
+        if any(c.get("outputs") or c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code"):
+            dirty.append(path)
+    assert dirty == [], f"strip outputs before committing: {dirty}"
+
+
+def test_importing_utils_does_not_import_deepspeed():
+    code = "import sys, utils; print('deepspeed' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_readme_gives_the_two_commands_and_ci_calls_one():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "make lab" in readme and "make test" in readme
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
