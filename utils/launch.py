@@ -36,8 +36,11 @@ from .tracing import StatusSlot
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 POLL_SECONDS = 0.2
-TORCHRUN_GRACE = 3.0
+TORCHRUN_GRACE = 10.0
 """Seconds torchrun gets to stop the other ranks and report exit codes after a failure."""
+#: One failed rank in torchrun's closing summary: "  rank      : 1 (local_rank: 1)" and
+#: on the next line "  exitcode  : 3 (pid: 123)".
+TORCHRUN_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
 PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -148,7 +151,7 @@ class RunningJob:
         if causes:
             return _describe_error(min(causes, key=lambda e: e["time"]), errors)
         log = (self.path / "launcher.log").read_text(errors="replace")
-        exit_codes = {int(r): int(c) for r, c in re.findall(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log, re.S)}
+        exit_codes = {int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)}
         reported = {e["rank"] for e in errors}
         vanished = [r for r, proc in sorted(self._workers.items())
                     if r not in reported and not (self.path / f"result-rank{r}.json").exists()

@@ -95,6 +95,20 @@ class JobSpec:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    @classmethod
+    def for_this_machine(cls, **fields) -> JobSpec:
+        """A spec sized for where it runs, from one code path: with at least
+        num_stages × data_parallel GPUs the GPU-sized ``gpt-large`` on CUDA, else the
+        CPU-sized ``gpt`` on CPU. Fields given explicitly always win."""
+        import torch
+
+        spec = cls(**fields)
+        if torch.cuda.device_count() >= spec.world_size:
+            defaults = {"model": "gpt-large", "device": "cuda"}
+        else:
+            defaults = {"model": "gpt", "device": "cpu"}
+        return cls(**{**defaults, **fields})
+
     # --- checking ------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise ValueError, saying what to change, for anything DeepSpeed would reject,
