@@ -88,8 +88,10 @@ class Metrics:
     stage_compute: tuple[float, ...]
     """Time each stage spent in forward/backward work (union of its compute intervals)."""
     stage_comm: tuple[float, ...]
-    """Exposed communication per stage: time in send/recv, clipped to the makespan window,
-    not overlapped by that rank's own compute (hidden communication costs nothing)."""
+    """Exposed communication per stage: time in send/recv while the neighbour was in its
+    matching call too (waiting for a late neighbour inside a blocking recv is idle, not
+    communication), clipped to the makespan window, not overlapped by that rank's own
+    compute (hidden communication costs nothing)."""
     stage_idle: tuple[float, ...]
     """``makespan - compute - comm`` per stage, never negative: waiting, plus any other
     instruction (data loading) that falls inside the window."""
@@ -228,6 +230,7 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
     step_time = max(e.end for e in events) - min(e.start for e in events)
     num_stages = timeline.num_stages
 
+    transfer = _transfer_intervals(events)
     # Per rank: compute union, exposed comm, first/last compute.
     by_rank: dict[tuple[int, int], list[Event]] = {}
     for e in events:
@@ -237,7 +240,8 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
     last_ends: list[float] = []
     for key, evs in by_rank.items():
         comp = [(e.start, e.end) for e in evs if e.kind in COMPUTE_KINDS]
-        comm = _clip([(e.start, e.end) for e in evs if e.kind in COMM_KINDS], start, end)
+        comm = _clip([transfer.get(id(e), (e.start, e.end)) for e in evs if e.kind in COMM_KINDS],
+                     start, end)
         c = union_length(comp)
         busy = union_length(comp + comm)
         per_rank[key] = (c, busy - c, max(0.0, makespan - busy))
@@ -281,6 +285,41 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
         warmup=warm_end - start, steady=cool_start - warm_end, cooldown=end - cool_start,
         rank_compute=tuple(sorted((s, r, v[0]) for (s, r), v in per_rank.items())),
     )
+
+
+#: A send on one stage and the receive it feeds: (send kind, recv kind, stage offset).
+_P2P_PAIRS = (("send_act", "recv_act", +1), ("send_grad", "recv_grad", -1))
+
+
+def _transfer_intervals(events: list[Event]) -> dict[int, Interval]:
+    """For each send/recv whose partner is in `events`, the part of it that is transfer.
+
+    DeepSpeed's point-to-point calls block: a recv posted before its neighbour reaches the
+    matching send waits inside the call. That wait is a bubble (the neighbour is late), not
+    communication, so a call counts as communication only from the moment both ends are
+    inside their calls. Keys are ``id(event)``; unmatched events (e.g. a simulated timeline
+    or a neighbour's missing events) are left out and count whole.
+    """
+    ranks_of: dict[int, list[int]] = {}
+    for e in events:
+        ranks_of.setdefault(e.stage, [])
+        if e.rank not in ranks_of[e.stage]:
+            ranks_of[e.stage].append(e.rank)
+    replica = {(s, r): i for s, ranks in ranks_of.items() for i, r in enumerate(sorted(ranks))}
+    index = {(e.kind, e.stage, replica[e.stage, e.rank], e.micro_batch, e.chunk): e
+             for e in events if e.kind in COMM_KINDS}
+    intervals: dict[int, Interval] = {}
+    for send_kind, recv_kind, offset in _P2P_PAIRS:
+        for (kind, stage, rep, mb, chunk), send in index.items():
+            if kind != send_kind:
+                continue
+            recv = index.get((recv_kind, stage + offset, rep, mb, chunk))
+            if recv is None:
+                continue
+            both_in = max(send.start, recv.start)
+            intervals[id(send)] = (min(both_in, send.end), send.end)
+            intervals[id(recv)] = (min(both_in, recv.end), recv.end)
+    return intervals
 
 
 def _diagnose(*, bubble: float, imbalance: float, slowest: int, comm_share: float,

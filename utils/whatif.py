@@ -28,7 +28,7 @@ from .timeline import COMM_KINDS, Timeline
 PerStage = float | Sequence[float]
 """A number for every stage alike, or one value per stage."""
 
-__all__ = ["StageCosts", "stage_costs_from_timeline", "predict",
+__all__ = ["StageCosts", "stage_costs_from_timeline", "predict", "Confirmation", "confirm_top",
            "SearchRow", "search_micro_batches", "best"]
 
 
@@ -288,3 +288,39 @@ def _time_search(repeat_batches: Sequence[int] = (96, 120, 240, 360, 480, 720),
                 weight_per_sample=1e-3, activation_bytes_per_sample=1e6, memory_budget=1e9,
                 schedules=("1f1b", "gpipe", "zb-h1", "interleaved-1f1b"), fixed_overhead=1e-3))
     return n, time.perf_counter() - t0
+
+
+# --- confirming predictions with real runs ------------------------------------------------------
+@dataclass(frozen=True)
+class Confirmation:
+    """A searched configuration next to the real job that ran it."""
+
+    row: SearchRow
+    run: object
+    """The `utils.Run` of the real job."""
+    measured_makespan: float
+    """Median pipeline-phase makespan over the run's steps but step 0 (seconds)."""
+
+    @property
+    def error(self) -> float:
+        """(predicted − measured) / measured makespan."""
+        return (self.row.step_time - self.measured_makespan) / self.measured_makespan
+
+
+def confirm_top(rows: Sequence[SearchRow], spec, *, top: int = 3, steps: int = 4) -> list[Confirmation]:
+    """Run the `top` fastest feasible configurations as real DeepSpeed jobs.
+
+    `spec` (a `utils.JobSpec`) gives everything but the micro-batch count, its size and the
+    schedule, which come from each row. Only schedules DeepSpeed's engine runs here
+    (``"1f1b"``, ``"gpipe"``) can be confirmed; the others are skipped.
+    """
+    from .launch import run_job
+
+    runnable = sorted((r for r in rows if r.feasible and r.schedule in ("1f1b", "gpipe")),
+                      key=lambda r: r.step_time)[:top]
+    confirmed = []
+    for row in runnable:
+        run = run_job(replace(spec, micro_batches=row.micro_batches, micro_batch_size=row.micro_batch_size,
+                              schedule=row.schedule, steps=steps), progress=False)
+        confirmed.append(Confirmation(row, run, run.timeline.metrics().makespan))
+    return confirmed

@@ -119,7 +119,7 @@ def test_overlapping_comm_counted_once_clipped_and_hidden_behind_compute():
         ev(0, "send_act", 1.0, 1.5), ev(0, "recv_grad", 1.2, 2.0),  # union 1.0, not 1.3
         ev(0, "recv_grad", 3.5, 4.5),                                 # half hidden by compute
         ev(0, "load", -1.0, 0.0, None),                               # before the window
-        ev(1, "recv_act", -0.5, 1.5),                                 # clipped to start at 0
+        ev(1, "recv_act", -0.5, 1.5),  # its send starts at 1.0: waiting before that is idle
         ev(1, "forward", 1.5, 2.5), ev(1, "backward", 2.5, 4.0),
         ev(0, "optimizer_step", 6.0, 7.0, None),                      # after the window
     ]
@@ -127,13 +127,27 @@ def test_overlapping_comm_counted_once_clipped_and_hidden_behind_compute():
     assert m.makespan == pytest.approx(6.0)
     assert m.step_time == pytest.approx(8.0)
     assert m.stage_compute == pytest.approx((3.0, 2.5))
-    assert m.stage_comm == pytest.approx((1.5, 1.5))
-    assert m.stage_idle == pytest.approx((1.5, 2.0))
+    assert m.stage_comm == pytest.approx((1.5, 0.5))
+    assert m.stage_idle == pytest.approx((1.5, 3.0))
     for s in range(2):
         assert m.stage_compute[s] + m.stage_comm[s] + m.stage_idle[s] == pytest.approx(6.0)
-    assert m.comm_share == pytest.approx(3.0 / 12.0)
+    assert m.comm_share == pytest.approx(2.0 / 12.0)
     assert m.bubble_ratio == pytest.approx(1 - 5.5 / 12)
     assert "communication" in m.diagnosis
+
+
+def test_waiting_inside_a_blocking_recv_is_idle_not_communication():
+    """Stage 1 posts recv_act at 0 but stage 0 only sends at 2 (its forward takes 2 s):
+    2 s of waiting (idle) and 0.5 s of transfer (comm); an unmatched recv counts whole."""
+    events = [
+        ev(0, "forward", 0, 2), ev(0, "send_act", 2.0, 2.5),
+        ev(1, "recv_act", 0.0, 2.5), ev(1, "forward", 2.5, 4.5),
+        ev(1, "recv_grad", 4.5, 5.0),  # no partner send_grad from a stage 2: counts whole
+        ev(1, "backward", 5.0, 6.0), ev(0, "backward", 6.0, 7.0),
+    ]
+    m = timeline(events, 2, 1).metrics()
+    assert m.stage_comm == pytest.approx((0.5, 0.5 + 0.5))
+    assert m.stage_idle[1] == pytest.approx(7.0 - 3.0 - 1.0)
 
 
 def test_overlapping_compute_on_one_stage_not_double_counted():
