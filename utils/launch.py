@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from .profiling import partition_record
 from .runs import Run, read_json, read_jsonl, runs_dir
 from .spec import JobSpec
 from .tracing import StatusSlot
@@ -126,8 +127,9 @@ class RunningJob:
         except KeyboardInterrupt:
             self.stop("interrupted (KeyboardInterrupt)")
             raise
-        if on_progress:
-            on_progress(self.progress())
+        rows = self.progress()
+        if on_progress and len(rows) != seen:  # steps that finished after the last poll
+            on_progress(rows)
         return self.result()
 
     def result(self) -> Run:
@@ -187,7 +189,8 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None) -> RunningJ
     path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(spec.name or spec.model)}-{secrets.token_hex(3)}"
     path.mkdir(parents=True)
     (path / "spec.json").write_text(spec.to_json(), encoding="utf-8")
-    (path / "partition.json").write_text(json.dumps(parts), encoding="utf-8")
+    # {"parts", "method", "predicted_stage_costs", "layer_costs", "profile"}: see partition_record
+    (path / "partition.json").write_text(json.dumps(partition_record(spec, parts)), encoding="utf-8")
 
     env, notes = _environment(spec, device)
     args = ["--standalone", f"--nproc-per-node={spec.world_size}", "-m", "utils.job", str(path)]

@@ -1,0 +1,47 @@
+"""The simulator against a real run: calibrate, predict, plot side by side, confirm."""
+
+import pytest
+
+import utils
+from tests.helpers import SMALL_GPT
+from utils.whatif import confirm_top
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def measured(runs_root):
+    return utils.run_job(utils.JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=4), progress=False)
+
+
+def test_prediction_of_the_same_configuration_reproduces_the_run(measured):
+    predicted = utils.predict(measured.timeline)
+    assert predicted.source == "simulated"
+    real = measured.timeline.metrics().makespan
+    # The same configuration: only noise and what the simulator leaves out separate them.
+    assert predicted.metrics().makespan == pytest.approx(real, rel=0.35)
+
+
+def test_more_micro_batches_are_predicted_to_take_longer_but_bubble_less(measured):
+    base, more = utils.predict(measured.timeline), utils.predict(measured.timeline, micro_batches=16)
+    assert more.metrics().makespan > 2 * base.metrics().makespan
+    assert more.metrics().bubble_ratio < base.metrics().bubble_ratio
+
+
+def test_one_plotting_function_draws_both(measured):
+    fig = utils.compare_timelines(measured.timeline, utils.predict(measured.timeline),
+                                  labels=("measured", "simulated"))
+    text = fig.to_html(include_plotlyjs=False)
+    assert "measured" in text and "simulated" in text
+
+
+def test_searched_candidates_are_confirmed_by_real_runs(measured):
+    costs = utils.stage_costs_from_timeline(measured.timeline)
+    b = measured.spec.micro_batch_size
+    rows = utils.search_micro_batches(8, num_stages=2, forward_per_sample=[f / b for f in costs.forward],
+                                      backward_per_sample=[x / b for x in costs.backward],
+                                      activation_bytes_per_sample=1.0, memory_budget=8.0, comm=costs.comm)
+    [confirmation] = confirm_top(rows, measured.spec, top=1, steps=3)
+    assert confirmation.run.ok
+    assert confirmation.run.spec.micro_batches == confirmation.row.micro_batches
+    assert confirmation.measured_makespan > 0 and abs(confirmation.error) < 3
