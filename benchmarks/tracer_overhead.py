@@ -29,12 +29,12 @@ def worker(args) -> None:
     from utils.spec import JobSpec
     from utils.tracing import CudaClock, HostClock, InstructionTracer
 
-    spec = JobSpec(num_stages=args.stages, micro_batches=args.micro_batches, steps=args.steps,
-                   device=args.device)
+    spec = JobSpec(model=args.model, num_stages=args.stages, micro_batches=args.micro_batches,
+                   steps=args.steps, device=args.device)
     device = spec.resolved_device()
     if device == "cpu":
         torch.set_num_threads(1)
-    model = get_model(spec.model)
+    model = get_model(spec.model, spec.model_options)
     engine = build_engine(spec, model, spec.boundaries())
     tracer = InstructionTracer(engine, stage=engine.stage_id, rank=int(os.environ["RANK"]),
                                clock=CudaClock() if device == "cuda" else HostClock())
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=21)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--model", default="gpt", help="gpt (CPU size) or gpt-large (GPU size)")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -75,7 +76,7 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                     f"--nproc-per-node={args.stages}", __file__, "--worker", f"--stages={args.stages}",
                     f"--micro-batches={args.micro_batches}", f"--steps={args.steps}",
-                    f"--device={args.device}", f"--out={out}"],
+                    f"--device={args.device}", f"--model={args.model}", f"--out={out}"],
                    check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     times = json.loads(out.read_text())
     traced, untraced = statistics.median(times["True"]), statistics.median(times["False"])
