@@ -17,9 +17,19 @@ from .theory import bubble_overhead_interleaved, bubble_ratio_1f1b, bubble_ratio
 from .timeline import Event, Timeline
 from .whatif import best, predict, search_micro_batches, stage_costs_from_timeline
 
+
+def __getattr__(name):
+    # The widgets pull in ipywidgets: loaded on first use, so job processes never pay for it.
+    if name in ("RunPanel", "TimelineExplorer"):
+        from . import widgets
+
+        return getattr(widgets, name)
+    raise AttributeError(f"module 'utils' has no attribute {name!r}")
+
+
 __all__ = [
     "Action", "Event", "Fault", "JobFailed", "JobSpec", "LayerMemory", "Metrics", "MetricsSummary",
-    "PRESETS", "Run", "RunningJob", "Schedule", "Timeline", "best", "bottleneck", "build",
+    "PRESETS", "Run", "RunPanel", "RunningJob", "TimelineExplorer", "Schedule", "Timeline", "best", "bottleneck", "build",
     "bubble_overhead_interleaved", "bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved",
     "compare_timelines", "compute_metrics", "get_model", "list_runs", "parse_action", "partition",
     "plot_memory", "plot_stage_breakdown", "plot_sweep", "plot_timeline", "predict", "run_job",

@@ -181,7 +181,7 @@ def plot_timeline(timeline: Timeline, step: int | None = None, *,
             title += f" · bubble ratio {m.bubble_ratio:.1%}"
     fig.update_layout(title=title, barmode="overlay", template=_TEMPLATE,
                       # tall enough for the rows and for the legend (one entry per kind)
-                      height=max(240, 110 + 42 * len(labels), 140 + 21 * len(legend_kinds)),
+                      height=max(240, 110 + 42 * len(labels), 230 + 20 * len(legend_kinds)),
                       legend={"title": {"text": "kind"}, "traceorder": "normal"},
                       xaxis={"title": {"text": "time in step (ms)"}},
                       yaxis=_rows_axis(labels), hoverlabel={"namelength": -1})

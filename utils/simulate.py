@@ -159,4 +159,4 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
             "activation_memory": memory, "activation_memory_unit": unit,
             "peak_activation_memory": peaks}
     return Timeline(events=tuple(events), num_stages=p, num_micro_batches=m,
-                    source="simulated", label=label or f"{schedule.name} (simulated)", meta=meta)
+                    source="simulated", label=label or schedule.name, meta=meta)
