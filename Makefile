@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=. README.md
+	$(VENV)/bin/jupyter lab --notebook-dir=. chapters/01_course_intro.ipynb
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

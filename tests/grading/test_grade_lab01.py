@@ -1,0 +1,54 @@
+"""Grading lab 1, which launches four real DeepSpeed jobs.
+
+`validate` grades the lab's solution (full marks, real jobs) and its unchanged student copy
+(no marks, reusing the solution's recorded runs), through the same path as students' work.
+The full matrix of submission kinds runs on labs 2 and 3, whose grading is cheaper.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks
+from utils.grading import Options, validate
+from utils.grading.notebook_source import LabSource, find_lab
+from utils.runs import list_runs
+
+pytestmark = pytest.mark.integration
+
+LAB = LabSource.load(find_lab(ROOT, "lab01"))
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory, record_timings):
+    out = tmp_path_factory.mktemp("lab01")
+    solution, empty = validate(LAB.path, out, options=Options(timeout=TEST_TIMEOUT))
+    solution.student, empty.student = "correct", "empty"
+    record_timings(LAB, [solution, empty])
+    return solution, empty, out
+
+
+def test_the_solution_earns_full_marks(validated):
+    solution, _, _ = validated
+    assert solution.per_task(LAB) == {"theory_bubble": 2, "measured_bubble": 2, "fit_pipeline_model": 4,
+                                      "predict_bubble": 2}, [(c.id, c.message) for c in solution.checks]
+    assert not solution.error
+
+
+def test_the_unchanged_student_copy_earns_nothing(validated):
+    _, empty, _ = validated
+    assert empty.total == 0
+    assert all(c.status == "error" for c in empty.checks)
+    assert all("NotImplementedError" in c.message for c in empty.checks)
+
+
+def test_the_four_real_runs_are_recorded_and_reused(validated):
+    solution, empty, out = validated
+    runs = list_runs(out / "recorded-runs")
+    assert sorted(r.spec.micro_batches for r in runs) == [1, 2, 4, 8] and all(r.ok for r in runs)
+    assert empty.seconds < solution.seconds
+
+
+def test_feedback_is_safe(validated):
+    _, _, out = validated
+    assert_nothing_hidden_leaks(LAB, out)

@@ -1,0 +1,92 @@
+"""Grading lab 2, which starts with a real DeepSpeed job.
+
+The lab's own solution is graded first, in a fresh kernel that launches the real job; the
+run it records is then handed to every prepared submission (``grade --runs``), as an
+instructor does for a class: the lab reuses a recorded run whose spec matches, so each
+submission is graded in seconds. Every kind of submission is scored exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, write_all
+from utils.grading import Options, grade_batch
+from utils.grading.notebook_source import LabSource, find_lab
+from utils.runs import list_runs
+
+pytestmark = pytest.mark.integration
+
+LAB = LabSource.load(find_lab(ROOT, "lab02"))
+FULL = {"compute_intervals": 3, "makespan": 2, "stage_utilisation": 3, "bubble_ratio": 2}
+NONE = {task: 0 for task in FULL}
+PARTLY = {**FULL, "stage_utilisation": 2, "bubble_ratio": 0}
+"""Utilisation that skips idle stages passes on the real run, fails the synthetic check;
+the bubble ratio without its "1 -" fails both checks."""
+EXPECTED = {
+    "correct": FULL,
+    "partly_wrong": PARTLY,
+    "raising": {**FULL, "bubble_ratio": 0},  # the stray raise after compute_intervals' def costs nothing
+    "looping": {**FULL, "bubble_ratio": 0},
+    "tests_edited": PARTLY,
+    "tests_deleted": FULL,
+    "liar": NONE,
+    "empty": NONE,
+    "metadata_lost": FULL,
+}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, record_timings):
+    """The solution, graded with its real job; the run it records."""
+    tmp = tmp_path_factory.mktemp("lab02-solution")
+    (tmp / "submissions").mkdir()
+    (tmp / "submissions" / "solution.ipynb").write_bytes(LAB.path.read_bytes())
+    runs = tmp / "recorded-runs"
+    results = grade_batch(LAB.path, tmp / "submissions", tmp / "out", workers=1,
+                          options=Options(timeout=TEST_TIMEOUT, keep_runs=runs))
+    record_timings(LAB, results)
+    return results[0], runs
+
+
+@pytest.fixture(scope="module")
+def graded(recorded, tmp_path_factory, record_timings):
+    _, runs = recorded
+    tmp = tmp_path_factory.mktemp("lab02")
+    write_all(LAB, list(EXPECTED), tmp / "submissions")
+    results = grade_batch(LAB.path, tmp / "submissions", tmp / "out", workers=2,
+                          options=Options(timeout=TEST_TIMEOUT, runs=runs))
+    record_timings(LAB, results)
+    return {r.student: r for r in results}, tmp / "out"
+
+
+def test_the_solution_earns_full_marks_with_a_real_job(recorded):
+    solution, runs = recorded
+    assert solution.total == 10 and not solution.issues, solution
+    [run] = list_runs(runs)
+    assert run.ok and run.spec.name == "lab02" and len(run.timeline.steps) == 3
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_score_of_each_kind_of_submission(graded, kind):
+    results, _ = graded
+    assert results[kind].per_task(LAB) == EXPECTED[kind], [(c.id, c.status, c.message) for c in results[kind].checks]
+
+
+def test_submissions_reuse_the_recorded_run(graded):
+    results, _ = graded
+    assert max(r.seconds for kind, r in results.items() if kind != "looping") < 60
+
+
+def test_grades_and_feedback(graded):
+    results, out = graded
+    rows = {r["student"]: r for r in csv.DictReader((out / "grades.csv").open(encoding="utf-8"))}
+    assert {k: float(rows[k]["total"]) for k in EXPECTED} == {k: sum(v.values()) for k, v in EXPECTED.items()}
+    assert_nothing_hidden_leaks(LAB, out)
+    text = (out / "feedback" / "partly_wrong.md").read_text(encoding="utf-8")
+    assert "应返回每个阶段一个 float 的 list（包括没有事件的阶段）" in text  # the message of the failed hidden check
+    assert "总分：7 / 10" in text
+    looping = {c.id: c.status for c in results["looping"].checks}
+    assert looping["bubble_public"] == looping["bubble_hidden"] == "timeout"

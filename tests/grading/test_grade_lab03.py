@@ -1,0 +1,130 @@
+"""Grading lab 3 (no real jobs): every kind of prepared submission, scored exactly, graded
+through the command line as an instructor types it (files and submission folders mixed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, build
+from utils.grading.grade import SubmissionResult
+from utils.grading.notebook_source import LabSource, find_lab
+
+LAB = LabSource.load(find_lab(ROOT, "lab03"))
+FULL = {"stage_loads": 2, "balanced_partition": 6, "speedup_over_uniform": 2}
+NONE = {task: 0 for task in FULL}
+PARTLY = {"stage_loads": 2, "balanced_partition": 1, "speedup_over_uniform": 0}
+"""Equal layer counts pass only the edge cases (1 of 6); speed-up then is 1.0 everywhere."""
+EXPECTED = {
+    "correct": FULL,
+    "partly_wrong": PARTLY,
+    "raising": {**FULL, "speedup_over_uniform": 0},  # the stray top-level raise costs nothing
+    "looping": {**FULL, "speedup_over_uniform": 0},
+    "tests_edited": PARTLY,  # `assert True` earns nothing
+    "tests_deleted": FULL,  # deleting the self-checks loses nothing
+    "liar": NONE,
+    "empty": NONE,
+    "metadata_lost": FULL,
+    "garbage": NONE,  # not a notebook
+    "no_notebook": NONE,  # a submission folder without a notebook
+}
+FOLDERS = ("correct", "metadata_lost", "no_notebook")
+"""Kinds handed in as a folder (notebook plus other files) instead of a single file."""
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, record_timings):
+    tmp = tmp_path_factory.mktemp("lab03")
+    submissions = tmp / "submissions"
+    for kind in EXPECTED:
+        if kind in FOLDERS:
+            (submissions / kind).mkdir(parents=True)
+            (submissions / kind / "notes.txt").write_text("a file next to the notebook", encoding="utf-8")
+            if kind != "no_notebook":
+                (submissions / kind / f"{LAB.name}.ipynb").write_text(build(LAB, kind), encoding="utf-8")
+        else:
+            submissions.mkdir(exist_ok=True)
+            (submissions / f"{kind}.ipynb").write_text(build(LAB, kind), encoding="utf-8")
+    out = tmp / "out"
+    done = subprocess.run([sys.executable, "-m", "utils.grading", "grade", "lab03", str(submissions),
+                           "--out", str(out), "--workers", "2", "--timeout", str(TEST_TIMEOUT)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    results = [SubmissionResult.from_dict(r) for r in data["students"]]
+    record_timings(LAB, results)
+    return {r.student: r for r in results}, out, done.stdout
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_score_of_each_kind_of_submission(graded, kind):
+    results, _, _ = graded
+    assert results[kind].per_task(LAB) == EXPECTED[kind], [(c.id, c.status, c.message) for c in results[kind].checks]
+
+
+def test_grades_csv_has_one_row_per_student_with_task_points(graded):
+    _, out, _ = graded
+    rows = list(csv.DictReader((out / "grades.csv").open(encoding="utf-8")))
+    assert [r["student"] for r in rows] == sorted(EXPECTED)
+    for row in rows:
+        expected = EXPECTED[row["student"]]
+        assert {t: float(row[t]) for t in FULL} == expected
+        assert float(row["total"]) == sum(expected.values()) and float(row["max"]) == 10
+        assert float(row["seconds"]) >= 0
+    by_student = {r["student"]: r for r in rows}
+    assert "timeouts: 2" in by_student["looping"]["notes"]
+    assert "error:" in by_student["garbage"]["notes"]
+
+
+def test_feedback_never_shows_hidden_tests_or_tracebacks(graded):
+    _, out, _ = graded
+    assert_nothing_hidden_leaks(LAB, out)
+    assert sorted(p.stem for p in (out / "feedback").glob("*.md")) == sorted(EXPECTED)
+
+
+def test_a_loop_is_cut_by_the_timeout_and_the_rest_is_still_graded(graded):
+    results, _, _ = graded
+    looping = results["looping"]
+    statuses = {c.id: c.status for c in looping.checks}
+    assert statuses["speedup_public"] == statuses["speedup_hidden"] == "timeout"
+    assert all(s == "passed" for cid, s in statuses.items() if not cid.startswith("speedup"))
+    assert looping.seconds < 120
+    assert "超时" in looping.checks[-1].message
+
+
+def test_an_object_equal_to_everything_earns_nothing(graded):
+    results, _, _ = graded
+    assert all(c.status == "error" for c in results["liar"].checks)
+    assert any("应返回" in c.message for c in results["liar"].checks)  # the instructor's type message
+
+
+def test_errors_in_hidden_checks_show_the_type_only(graded):
+    results, out, _ = graded
+    raising = {c.id: c for c in results["raising"].checks}
+    assert raising["speedup_public"].message == "ZeroDivisionError: division by zero"
+    assert "ZeroDivisionError" in raising["speedup_hidden"].message
+    assert "division by zero" not in raising["speedup_hidden"].message
+    issues = results["raising"].issues
+    assert [i.message for i in issues if "stray line" in i.message]  # the student's own cell: full message
+    text = (out / "feedback" / "raising.md").read_text(encoding="utf-8")
+    assert "a stray line at the end of my cell" in text and "总分：8 / 10" in text
+
+
+def test_executed_notebooks_are_kept_for_instructors_only(graded):
+    _, out, _ = graded
+    executed = json.loads((out / "instructor" / "correct.ipynb").read_text(encoding="utf-8"))
+    assert "instructors only" in executed["metadata"]["grading"]["warning"]
+    assert any("BEGIN HIDDEN TESTS" in "".join(c["source"]) for c in executed["cells"])
+
+
+def test_command_line_prints_each_submission_with_its_time(graded):
+    results, _, stdout = graded
+    for kind in EXPECTED:
+        total = sum(EXPECTED[kind].values())
+        assert f"{kind}: {total:g}/10 in " in stdout
+    assert "没有 notebook" in results["no_notebook"].error

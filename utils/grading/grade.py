@@ -1,0 +1,325 @@
+"""Grade one submission: match its cells to the lab source, run them with the instructor's
+checks re-inserted, and score every check.
+
+What runs is the student's notebook, code cell by code cell, **minus** every cell that is a
+test cell (by metadata, or by being a copy of a public test) **plus** the instructor's checks
+taken from the lab *source* (public and hidden), each inserted right after the student's
+answer to its task. The answer to a task is found, in this order, by
+
+1. the cell's ``grading`` id (or its nbformat cell id) from the student copy,
+2. a cell that defines the task's function (or class) — the last such cell wins, as it
+   would when the notebook runs top to bottom — taking the later of 1 and 2,
+3. position, when the submission has exactly as many code cells as the student copy,
+
+and when nothing matches, the task's checks run at the end of the notebook. So deleting,
+editing or moving test cells changes nothing, and a student whose notebook lost its cell
+metadata is graded the same. Student cells after the last check are not run: they cannot
+change a score. A setup cell keeps the timeout the source gives it when it is recognised by
+grading id, cell id or unchanged source.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .execute import Cell, CellOutcome, kernel_env, run_cells
+from .feedback import explain_check, explain_cell
+from .notebook_source import Check, LabSource, normalise
+from .sandbox import Limits
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CELL_TIMEOUT = 120.0
+#: Tokens that deserve a human look: tampering with the kernel or reaching for the answers.
+REVIEW_TOKENS = ("input_transformers", "ast_transformers", "set_custom_exc", "events.register",
+                 "register_magic", "sys.settrace", "import builtins", "__builtins__",
+                 "_grading_run_check", "utils.grading", "solutions/", "HIDDEN TESTS")
+
+
+# --- reading a submission -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SubmittedCell:
+    """A cell of a submission, read without trusting its structure."""
+
+    cell_type: str
+    source: str
+    metadata: dict
+    cell_id: str | None
+
+    @property
+    def grading(self) -> dict:
+        value = self.metadata.get("grading") if isinstance(self.metadata, dict) else None
+        return value if isinstance(value, dict) else {}
+
+
+def read_submission(path: str | Path) -> list[SubmittedCell]:
+    """The cells of a notebook file, tolerating missing metadata, ids or outputs (which
+    nbformat's validator rejects). Raises ValueError when the file is not a notebook."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read {Path(path).name} as a notebook: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{Path(path).name} is not a notebook (no cells)")
+    if "worksheets" in data:  # nbformat 3
+        data = nbformat.convert(nbformat.from_dict(data), 4)
+    raw = data.get("cells")
+    if not isinstance(raw, list):
+        raise ValueError(f"{Path(path).name} is not a notebook (no cells)")
+    cells = []
+    for item in raw:
+        if not isinstance(item, dict):
+            continue
+        source = item.get("source", "")
+        if isinstance(source, list):
+            source = "".join(str(s) for s in source)
+        metadata = item.get("metadata") if isinstance(item.get("metadata"), dict) else {}
+        cells.append(SubmittedCell(str(item.get("cell_type", "code")), str(source), metadata,
+                                   item.get("id") if isinstance(item.get("id"), str) else None))
+    return cells
+
+
+# --- planning: which cells run, in which order ----------------------------------------------------
+@dataclass
+class Planned:
+    """A cell of the graded run: a student cell or an instructor check."""
+
+    source: str
+    timeout: float
+    check: Check | None = None
+    number: int | None = None
+    """For student cells: the position among the submission's code cells (1-based)."""
+
+
+def _defines(source: str, names: tuple[str, ...]) -> bool:
+    if not names:
+        return False
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return any(re.search(rf"^(async\s+def|def|class)\s+{re.escape(n)}\b", source, re.M) for n in names)
+    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names
+               for node in tree.body)
+
+
+def check_source(check: Check) -> str:
+    """The two lines that run a check through `utils.grading.harness.run_check`."""
+    return ("from utils.grading.harness import run_check as _grading_run_check\n"
+            f"_grading_run_check({check.source!r}, globals(), {'check:' + check.id!r})")
+
+
+def plan(lab: LabSource, cells: list[SubmittedCell], timeout: float) -> tuple[list[Planned], list[str]]:
+    """The cells to run and notes on how tasks were matched (see the module doc)."""
+    code = [(n, c) for n, c in enumerate((c for c in cells if c.cell_type == "code"), start=1)]
+    check_ids = {c.id for c in lab.checks}
+    public = {normalise(c.public_source) for c in lab.checks if c.public_source}
+
+    def is_test(cell: SubmittedCell) -> bool:
+        g = cell.grading
+        return g.get("kind") == "test" or g.get("id") in check_ids or normalise(cell.source) in public
+
+    kept = [(n, c) for n, c in code if not is_test(c)]
+    template = [c for c in lab.student_copy().cells if c.cell_type == "code"]
+    positional = len(template) == len(code)
+    notes: list[str] = []
+    where: dict[str, int | None] = {}
+    for task in lab.tasks.values():
+        by_id = [i for i, (_, c) in enumerate(kept)
+                 if c.grading.get("id") == task.answer_id or (c.cell_id and c.cell_id == task.answer_cell_id)]
+        by_name = [i for i, (_, c) in enumerate(kept) if _defines(c.source, task.names)]
+        found = by_id + by_name
+        if found:
+            where[task.name] = max(found)
+            continue
+        where[task.name] = None
+        if positional:
+            k = next(i for i, c in enumerate(template) if c.metadata.get("grading", {}).get("id") == task.answer_id)
+            number = code[k][0]
+            where[task.name] = next((i for i, (n, _) in enumerate(kept) if n == number), None)
+        if where[task.name] is None:
+            notes.append(f"没有找到任务 {task.name} 的答案单元：它的检查在 notebook 末尾运行")
+        else:
+            notes.append(f"任务 {task.name} 的答案单元按位置匹配（单元元数据丢失）")
+
+    def student_timeout(cell: SubmittedCell) -> float:
+        for key in (cell.grading.get("id"), cell.cell_id, normalise(cell.source)):
+            if key and key in lab.setup_timeouts:
+                return lab.setup_timeouts[key]
+        return timeout
+
+    planned: list[Planned] = []
+    for i, (number, cell) in enumerate(kept):
+        planned.append(Planned(cell.source, student_timeout(cell), number=number))
+        for task in lab.tasks.values():
+            if where[task.name] == i:
+                planned += [Planned(check_source(c), timeout, check=c) for c in task.checks]
+    for task in lab.tasks.values():
+        if where[task.name] is None:
+            planned += [Planned(check_source(c), timeout, check=c) for c in task.checks]
+    last_check = max(i for i, p in enumerate(planned) if p.check is not None)
+    return planned[:last_check + 1], notes
+
+
+# --- results ----------------------------------------------------------------------------------
+@dataclass
+class CheckResult:
+    """One check of one submission; `message` is safe to show the student."""
+
+    id: str
+    task: str
+    description: str
+    hidden: bool
+    points: float
+    earned: float
+    status: str
+    message: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class CellIssue:
+    """A student cell that failed or timed out (their own code: safe to describe)."""
+
+    number: int
+    status: str
+    message: str
+    excerpt: str = ""
+    """The cell's first line, so the student finds it."""
+
+
+@dataclass
+class SubmissionResult:
+    student: str
+    lab: str
+    checks: list[CheckResult] = field(default_factory=list)
+    issues: list[CellIssue] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    review: list[str] = field(default_factory=list)
+    """Suspicious tokens found in the student's code: look at the notebook yourself."""
+    error: str | None = None
+    """Why grading itself failed (unreadable notebook, grader crash); scores are then 0."""
+    seconds: float = 0.0
+
+    def per_task(self, lab: LabSource) -> dict[str, float]:
+        earned = {name: 0.0 for name in lab.tasks}
+        for c in self.checks:
+            earned[c.task] = earned.get(c.task, 0.0) + c.earned
+        return earned
+
+    @property
+    def total(self) -> float:
+        return sum(c.earned for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SubmissionResult:
+        data = dict(data)
+        data["checks"] = [CheckResult(**c) for c in data.get("checks", [])]
+        data["issues"] = [CellIssue(**c) for c in data.get("issues", [])]
+        return cls(**data)
+
+
+@dataclass
+class Options:
+    """How to grade: timeouts, limits, recorded runs, where to keep the executed notebook."""
+
+    timeout: float | None = None
+    """Per-cell timeout (seconds) for cells without their own; None: the lab's default."""
+    limits: Limits = field(default_factory=Limits)
+    runs: Path | None = None
+    """A runs folder copied into the submission's own ``runs/`` before its kernel starts."""
+    executed_path: Path | None = None
+    """Write the executed notebook (with hidden checks: instructors only) here."""
+    keep_runs: Path | None = None
+    """Copy the runs the submission produced here (to record a lab's runs once)."""
+    extra_files: Path | None = None
+    """A folder whose files are copied into the working directory (a submission folder)."""
+
+
+def grade_notebook(lab: LabSource, path: str | Path, student: str, options: Options | None = None,
+                   log=lambda text: None) -> SubmissionResult:
+    """Grade one notebook file in a fresh kernel and temporary working directory."""
+    return asyncio.run(_grade(lab, Path(path), student, options or Options(), log))
+
+
+async def _grade(lab: LabSource, path: Path, student: str, options: Options, log) -> SubmissionResult:
+    started = time.monotonic()
+    result = SubmissionResult(student=student, lab=lab.name)
+    try:
+        cells = read_submission(path)
+    except ValueError as error:
+        result.error = str(error)
+        result.checks = [_unrun(c, "无法读取提交的 notebook") for c in lab.checks]
+        result.seconds = time.monotonic() - started
+        return result
+    timeout = options.timeout or lab.cell_timeout or DEFAULT_CELL_TIMEOUT
+    planned, result.notes = plan(lab, cells, timeout)
+    result.review = sorted({t for p in planned if p.check is None for t in REVIEW_TOKENS if t in p.source})
+    workdir = Path(tempfile.mkdtemp(prefix="grading-"))
+    try:
+        if options.extra_files is not None:
+            shutil.copytree(options.extra_files, workdir, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
+        if options.runs is not None:
+            shutil.copytree(options.runs, workdir / "runs", dirs_exist_ok=True)
+        to_run = [Cell(p.source, p.timeout, tag=p) for p in planned]
+        outcomes = await run_cells(to_run, workdir, kernel_env(workdir, PROJECT_ROOT), options.limits, log=log)
+        for p, outcome in zip(planned, outcomes):
+            _record(result, p, outcome)
+        if options.executed_path is not None:
+            _save_executed(planned, outcomes, options.executed_path, lab)
+        if options.keep_runs is not None and (workdir / "runs").exists():
+            shutil.copytree(workdir / "runs", options.keep_runs, dirs_exist_ok=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _record(result: SubmissionResult, p: Planned, outcome: CellOutcome) -> None:
+    if p.check is None:
+        if outcome.status != "ok":
+            first = next((line.strip() for line in p.source.splitlines() if line.strip()), "")
+            first = first.replace("`", "'")
+            excerpt = first if len(first) <= 60 else first[:57] + "..."
+            result.issues.append(CellIssue(p.number or 0, outcome.status, explain_cell(outcome, p.timeout),
+                                           excerpt))
+        return
+    c = p.check
+    passed = outcome.ok
+    result.checks.append(CheckResult(
+        id=c.id, task=c.task, description=c.description, hidden=c.hidden, points=c.points,
+        earned=c.points if passed else 0.0, status="passed" if passed else outcome.status,
+        message="" if passed else explain_check(c, outcome, p.timeout), seconds=round(outcome.seconds, 3)))
+
+
+def _unrun(check: Check, why: str) -> CheckResult:
+    return CheckResult(check.id, check.task, check.description, check.hidden, check.points, 0.0,
+                       "not_run", why)
+
+
+def _save_executed(planned: list[Planned], outcomes: list[CellOutcome], path: Path, lab: LabSource) -> None:
+    cells = []
+    for p, outcome in zip(planned, outcomes):
+        cell = nbformat.v4.new_code_cell(p.source)
+        cell.outputs = [nbformat.from_dict(o) for o in outcome.outputs]
+        cell.metadata["grading_run"] = {"status": outcome.status, "seconds": round(outcome.seconds, 3),
+                                        "check": p.check.id if p.check else None, "student_cell": p.number}
+        cells.append(cell)
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+                   "grading": {"lab": lab.name, "executed_for_grading": True,
+                               "warning": "contains hidden tests: instructors only"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
