@@ -2,20 +2,29 @@
 
     python benchmarks/partition_speedup.py [--stages 2 4] [--rounds 3] [--micro-batches 8]
                                            [--steps 6] [--device cpu] [--model gpt]
-                                           [--model-options '{"blocks": 6}'] [--reuse-profile]
+                                           [--model-options '{"blocks": 6}'] [--profile-once]
 
-For each stage count it first profiles the layers under the conditions a job rank gets
-(`utils.profiling.profile_for_job`; measured afresh unless ``--reuse-profile``, so the
-profile sees today's machine), then runs the same job with ``partition="uniform"``,
-``"parameters"`` and ``"profile"``, interleaved round by round (uniform, parameters,
-profile; uniform, parameters, profile; ...) so that load from other processes hits all
-three alike. It prints per run and per method:
+For each stage count it runs the same job with ``partition="uniform"``, ``"parameters"`` and
+``"profile"``, interleaved round by round (uniform, parameters, profile; uniform, ...) so
+that load from other processes hits all three alike. Before every round it profiles the
+layers afresh under the conditions a job rank gets (`utils.profiling.profile_for_job`,
+``cache=False``), so the profile and the runs it predicts see the machine in the same state
+(``--profile-once``: one profile per stage count, as a learner would use it). The profile
+run of the round partitions on that profile, and every run records its prediction from it.
+It prints per run and per method:
 
 - the step time: median over the steps after step 0 (step 0 pays one-off warm-up costs);
 - the bubble ratio (median over the same steps, `Timeline.metrics`);
 - the slowest stage's measured compute per step (forward + backward, median over steps)
   against the prediction recorded before launch (predicted per-micro-batch cost of that
-  stage × micro-batches), as a relative error.
+  stage × micro-batches), as a relative error;
+- a CPU-time cross-check of the same: each rank's CPU seconds per step (sampled with psutil)
+  against the prediction × the share of a core the profile got. On a shared machine the
+  wall-clock error mostly measures waiting for a core; this shows what is left without it
+  (biased high by the rank's optimizer, load and send/recv work).
+
+With 2 stages, uniform and parameters give the same boundaries on the default gpt, so their
+step-time ratio within a round is an A/A test: the run-to-run noise of this machine.
 
 Targets: profile >= 1.2x faster than parameters on 2 CPU stages; measured slowest-stage
 compute within 15 % of the prediction. The machine's load average is printed at the start,
@@ -42,7 +51,48 @@ def load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {len(os.sched_getaffinity(0))} cores"
 
 
-def measure(run) -> dict:
+def run_sampled(spec, directory: Path):
+    """Run `spec` to the end while sampling each rank's CPU time, and return the `Run` and the
+    CPU seconds each rank spent per step after step 0.
+
+    The tracer times instructions by the wall clock, which on a busy machine includes
+    waiting for a core; CPU time does not. Per rank: the CPU time between the first sample
+    after it finished step 1 and the first sample after its last step, over the steps in
+    between (samples every 50 ms, so a few % of a step at most)."""
+    import psutil
+
+    from utils import start_job
+    from utils.runs import read_jsonl
+
+    job = start_job(spec, directory=directory)
+    procs: dict[int, psutil.Process] = {}
+    marks: dict[int, dict[int, float]] = {}  # rank -> steps done -> CPU seconds when first seen
+    while job.poll() == "running":
+        try:
+            for child in psutil.Process(job.process.pid).children():
+                if child.pid not in {p.pid for p in procs.values()}:
+                    rank = child.environ().get("RANK")
+                    if rank is not None:
+                        procs[int(rank)] = child
+        except (psutil.Error, ValueError):
+            pass
+        for rank, proc in procs.items():
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            done = len(read_jsonl(job.path / f"progress-rank{rank}.jsonl"))
+            marks.setdefault(rank, {}).setdefault(done, times.user + times.system)
+        time.sleep(0.05)
+    cpu_per_step = {}
+    for rank, seen in marks.items():
+        counts = sorted(k for k in seen if k >= 1)
+        if len(counts) >= 2:
+            cpu_per_step[rank] = (seen[counts[-1]] - seen[counts[0]]) / (counts[-1] - counts[0])
+    return job.result(), cpu_per_step
+
+
+def measure(run, cpu_per_step: dict[int, float], core_share: float | None) -> dict:
     """What one finished run says: step time, bubble, slowest stage measured vs predicted."""
     spec = run.spec
     summary = run.timeline.metrics()  # medians over steps >= 1
@@ -58,6 +108,15 @@ def measure(run) -> dict:
         p_slowest = max(range(spec.num_stages), key=per_step.__getitem__)
         row.update(predicted_s=per_step, predicted_slowest=p_slowest,
                    error=compute[slowest] / per_step[p_slowest] - 1)
+        if core_share and p_slowest in cpu_per_step:
+            # CPU seconds against CPU seconds: the profile's wall times × the share of a core
+            # it got, against the rank's CPU time per step. Waiting for a core is out of both;
+            # but the rank's CPU time also holds its non-compute work (optimizer step, loading,
+            # send/recv), so it reads high, most on stages with many parameters.
+            row["cpu_error"] = cpu_per_step[p_slowest] / (per_step[p_slowest] * core_share) - 1
+            row["job_share"] = cpu_per_step[p_slowest] / compute[p_slowest]
+            row["cpu_s"] = [cpu_per_step.get(s) for s in range(spec.num_stages)]
+            row["predicted_cpu_s"] = [c * core_share for c in per_step]
     return row
 
 
@@ -74,11 +133,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--model-options", default="{}", help="JSON, e.g. '{\"blocks\": 8}'")
-    parser.add_argument("--reuse-profile", action="store_true",
-                        help="use a cached profile if there is one instead of measuring afresh")
+    parser.add_argument("--profile-once", action="store_true",
+                        help="profile once per stage count instead of before every round")
     args = parser.parse_args()
 
-    from utils import JobSpec, run_job
+    from utils import JobSpec
     from utils.profiling import profile_for_job
 
     directory = Path(tempfile.mkdtemp(prefix="partition-speedup-"))
@@ -88,24 +147,35 @@ def main() -> None:
     for stages in args.stages:
         base = dict(model=args.model, model_options=options, num_stages=stages,
                     micro_batches=args.micro_batches, steps=args.steps, device=args.device)
-        started = time.time()
-        profile = profile_for_job(JobSpec(**base, partition="profile"), cache=args.reuse_profile)
-        print(f"\n=== {stages} stages, {args.micro_batches} micro-batches of {profile.micro_batch_size}, "
-              f"{args.model} {options or ''} on {profile.device} ===")
-        print(f"profile ({'cached' if profile.cached else f'measured in {time.time() - started:.1f} s'}, "
-              f"{profile.threads} thread(s)), ms per micro-batch: forward+backward per layer "
-              f"{ms(profile.total)}; IQR fwd {ms(profile.forward_iqr)} bwd {ms(profile.backward_iqr)}")
-        for row in profile.compare_partitions(stages):
-            print(f"  predicted {row['method']:>10}: parts {row['parts']}, stages {row['stage_ms']} ms, "
-                  f"bottleneck {row['bottleneck_ms']} ms (stage {row['slowest_stage']})")
+        print(f"\n=== {stages} stages, {args.micro_batches} micro-batches, {args.model} "
+              f"{options or ''} on {args.device} ===")
+        cores = len(os.sched_getaffinity(0))
+        if args.device == "cpu" and stages > cores:
+            print(f"  note: {stages} ranks share {cores} cores, so stages wait for a core while the "
+                  "profile (one process) did not: measured compute includes that contention")
         rows = results[stages] = []
         for round_ in range(args.rounds):
+            if round_ == 0 or not args.profile_once:
+                started = time.time()
+                profile = profile_for_job(JobSpec(**base, partition="profile"), cache=False)
+                share = "" if profile.core_share is None else f", got {profile.core_share:.0%} of a core"
+                print(f"  profile for round {round_} (measured in {time.time() - started:.1f} s, "
+                      f"{profile.threads} thread(s){share}), ms per micro-batch, forward+backward per "
+                      f"layer {ms(profile.total)}")
+                for row in profile.compare_partitions(stages):
+                    print(f"    predicted {row['method']:>10}: parts {row['parts']}, stages {row['stage_ms']} ms, "
+                          f"bottleneck {row['bottleneck_ms']} ms (stage {row['slowest_stage']})")
             for method in METHODS:
-                run = run_job(JobSpec(**base, partition=method, name=f"{method}-{stages}"),
-                              directory=directory, progress=False)
-                row = {**measure(run), "round": round_}
+                run, cpu = run_sampled(JobSpec(**base, partition=method, name=f"{method}-{stages}"),
+                                       directory)
+                row = {**measure(run, cpu, profile.core_share), "round": round_}
                 rows.append(row)
                 error = "n/a" if row["error"] is None else f"{row['error']:+.1%}"
+                if "cpu_error" in row:
+                    error += (f" (CPU time: {row['cpu_error']:+.1%}; the rank got {row['job_share']:.0%} "
+                              f"of a core while computing, the profile {profile.core_share:.0%}; "
+                              f"CPU/stage {ms(c or 0 for c in row['cpu_s'])} ms vs predicted "
+                              f"{ms(row['predicted_cpu_s'])} ms)")
                 print(f"  round {round_} {method:>10} {str(row['parts']):<16} step {row['step_s'] * 1e3:7.1f} ms  "
                       f"bubble {row['bubble']:.3f}  compute/stage {ms(row['compute_s'])} ms  "
                       f"predicted {ms(row['predicted_s']) if row['predicted_s'] else 'n/a'} ms  "
@@ -125,16 +195,27 @@ def main() -> None:
             errors = [r["error"] for r in runs if r["error"] is not None]
             pred = f"{statistics.median(preds) * 1e3:8.0f}" if preds else f"{'n/a':>8}"
             err = f"{statistics.median(errors):+7.1%}" if errors else f"{'n/a':>7}"
-            print(f"{stages:>6} {method:>10} {str(runs[0]['parts']):<16} {step * 1e3:8.1f} {bubble:7.3f} "
+            parts = " or ".join(sorted({str(r["parts"]) for r in runs}))  # profile may vary by round
+            print(f"{stages:>6} {method:>10} {parts:<16} {step * 1e3:8.1f} {bubble:7.3f} "
                   f"{slow * 1e3:15.0f} {pred} {err}")
         per_round = [p["step_s"] / q["step_s"] for p, q in zip(by_method["parameters"], by_method["profile"])]
         uniform = [p["step_s"] / q["step_s"] for p, q in zip(by_method["uniform"], by_method["profile"])]
+        same = [u["step_s"] / q["step_s"] for u, q in zip(by_method["uniform"], by_method["parameters"])
+                if u["parts"] == q["parts"]]
+        if same:  # an A/A test for free: two runs of one partition in the same round
+            print(f"{stages} stages: uniform and parameters are the same partition here; their step-time "
+                  f"ratio per round ({', '.join(f'{x:.2f}' for x in same)}) is the run-to-run noise")
         errors = [r["error"] for r in by_method["profile"]]
         print(f"{stages} stages: step time parameters / profile = {statistics.median(per_round):.2f}x "
               f"(per round {', '.join(f'{x:.2f}' for x in per_round)}; target >= 1.2 on 2 stages); "
               f"uniform / profile = {statistics.median(uniform):.2f}x")
         print(f"{stages} stages: profile runs' slowest-stage compute vs prediction: "
               f"{', '.join(f'{e:+.1%}' for e in errors)} (target within ±15 %)")
+        cpu_errors = [r["cpu_error"] for r in by_method["profile"] if "cpu_error" in r]
+        if cpu_errors:
+            print(f"{stages} stages: the same in CPU time (waiting for a core taken out, the rank's "
+                  "optimizer/load/send work left in): "
+                  f"{', '.join(f'{e:+.1%}' for e in cpu_errors)}")
     print(f"\nend: {load()}")
 
 

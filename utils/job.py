@@ -148,7 +148,8 @@ def run(run_dir: Path) -> None:
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model = get_model(spec.model, spec.model_options)
-    engine = build_engine(spec, model, json.loads((run_dir / "partition.json").read_text()))
+    record = json.loads((run_dir / "partition.json").read_text())  # a dict; a bare list in older runs
+    engine = build_engine(spec, model, record["parts"] if isinstance(record, dict) else record)
     stage, replica = engine.stage_id, engine.grid.data_parallel_id
     status = StatusSlot(run_dir / f"status-rank{RANK}")
     tracer = InstructionTracer(engine, stage=stage, rank=RANK, status=status,

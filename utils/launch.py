@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from .profiling import partition_record
+from .profiling import rank_threads
 from .runs import Run, read_json, read_jsonl, runs_dir
 from .spec import JobSpec
 from .tracing import StatusSlot
@@ -282,7 +283,7 @@ def _environment(spec: JobSpec, device: str) -> tuple[dict[str, str], list[str]]
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         cores = len(os.sched_getaffinity(0))
-        env["OMP_NUM_THREADS"] = str(max(1, cores // spec.world_size))
+        env["OMP_NUM_THREADS"] = str(rank_threads(spec.world_size))
         if spec.world_size > cores:
             notes.append(f"{spec.world_size} ranks share {cores} CPU cores: timings include contention "
                          "between stages, not only their work")

@@ -3,7 +3,8 @@
 Layout of ``runs/<time>-<name>-<id>/`` (the parent folder is `runs_dir()`):
 
 - ``spec.json``, ``command.txt``         what was run, and the command to run it by hand
-- ``partition.json``                     the stage boundaries, chosen before launch
+- ``partition.json``                     the stage boundaries chosen before launch, the method,
+                                         and the predicted per-stage cost when a profile exists
 - ``status.json``                        state, error, start and end, launcher pid, notes
 - ``launcher.log``                       what torchrun printed
 - per rank: ``rank{r}.log``, ``events-rank{r}.jsonl``, ``progress-rank{r}.jsonl``,
@@ -129,7 +130,26 @@ class Run:
     @property
     def parts(self) -> list[int]:
         """Stage boundaries ``[0, b1, ..., n_layers]`` the job ran with."""
-        return read_json(self.path / "partition.json")
+        record = read_json(self.path / "partition.json")
+        return record["parts"] if isinstance(record, dict) else record  # a bare list in older runs
+
+    @property
+    def predicted_stage_costs(self) -> list[float] | None:
+        """Forward + backward seconds per micro-batch of each stage, predicted before launch
+        from the job's layer profile (`utils.profiling.partition_record`): always present for
+        ``partition="profile"``, for other methods only if the profile was already cached;
+        None otherwise (and for runs recorded before predictions existed)."""
+        record = read_json(self.path / "partition.json")
+        return record.get("predicted_stage_costs") if isinstance(record, dict) else None
+
+    @property
+    def partition_method(self) -> str:
+        """How the boundaries were chosen: ``"uniform"``, ``"parameters"``, ``"profile"`` or
+        ``"explicit"``."""
+        record = read_json(self.path / "partition.json")
+        if isinstance(record, dict):
+            return record["method"]
+        return self.spec.partition if isinstance(self.spec.partition, str) else "explicit"
 
     @property
     def peak_memory(self) -> dict[int, int]:

@@ -16,9 +16,10 @@ from typing import Any
 from .models import get_model
 
 SCHEDULES = ("1f1b", "gpipe")
-PARTITION_METHODS = ("uniform", "parameters")
-"""Partition methods by name; DeepSpeed's ``type:REGEX`` is left out on purpose (see
-`JobSpec.boundaries`)."""
+PARTITION_METHODS = ("uniform", "parameters", "profile")
+"""Partition methods by name: DeepSpeed's ``uniform`` and ``parameters``, and ``profile``
+(measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
+DeepSpeed's ``type:REGEX`` is left out on purpose (see `JobSpec.boundaries`)."""
 DEVICES = ("auto", "cpu", "cuda")
 FAULT_KINDS = ("raise", "hang", "exit")
 INSTRUCTIONS = ("load", "forward", "backward", "send_act", "recv_act", "send_grad", "recv_grad",
@@ -60,8 +61,10 @@ class JobSpec:
     """Optional: the global batch you intend. If given it must equal micro_batch_size ×
     micro_batches × data_parallel, which DeepSpeed asserts; None derives it."""
     partition: str | Sequence[int] = "parameters"
-    """``"uniform"`` (layer count), ``"parameters"`` (DeepSpeed's default), or explicit
-    boundaries ``[0, b1, ..., n_layers]`` (stage s runs layers b_s .. b_{s+1}-1)."""
+    """``"uniform"`` (layer count), ``"parameters"`` (DeepSpeed's default), ``"profile"``
+    (measure every layer's forward + backward time on the job's device, then the exact
+    min-max balance; see `utils.profiling`), or explicit boundaries ``[0, b1, ..., n_layers]``
+    (stage s runs layers b_s .. b_{s+1}-1)."""
     schedule: str = "1f1b"
     """``"1f1b"``: DeepSpeed's TrainSchedule; ``"gpipe"``: all forwards, then all backwards."""
     steps: int = 3
@@ -174,12 +177,22 @@ class JobSpec:
         imposes them. Two reasons: the run record knows its partition before it starts, and
         DeepSpeed 0.19.8's ``partition_method="parameters"`` with ``seed_layers=True`` crashes
         on Python >= 3.11 (its boundaries are numpy integers, which ``random.seed`` rejects).
+
+        ``"profile"`` profiles the layers (or reuses the cached profile) with the job's
+        micro-batch size, device and per-rank thread count (`utils.profiling.profile_for_job`)
+        and returns ``partition(profile.total, num_stages, method="balanced")``: the
+        boundaries whose slowest stage is as fast as the measured costs allow. DeepSpeed's own
+        ``partition_method="profile"`` raises NotImplementedError.
         """
         from .partition import partition
 
         self.check()
         if not isinstance(self.partition, str):
             return [int(b) for b in self.partition]
+        if self.partition == "profile":
+            from .profiling import profile_for_job
+
+            return partition(profile_for_job(self).total, self.num_stages, method="balanced")
         params = get_model(self.model, self.model_options).param_counts()
         if self.partition == "uniform":
             return partition(params, self.num_stages, method="uniform")

@@ -1,0 +1,203 @@
+"""Layer profiling: shape of the result, the cache, and how partition="profile" uses it.
+
+Measurements here run a tiny preset in this process (a fraction of a second); no job starts.
+"""
+
+import json
+import time
+
+import pytest
+import torch
+
+import utils.profiling as profiling
+from utils import JobSpec, Run, get_model, partition
+from utils.profiling import LayerProfile, partition_record, profile_for_job, profile_layers
+
+TINY = {"blocks": 2, "hidden": 32, "heads": 2, "vocab": 128, "seq_len": 8}
+FAST = {"model_options": TINY, "micro_batch_size": 2, "device": "cpu", "warmup": 1, "repeats": 3}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test gets an empty cache of its own (and an empty in-process memo)."""
+    monkeypatch.setenv("WORKBOOK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(profiling, "_written", {})
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def measurements(monkeypatch):
+    """Counts real measurements (calls of the measuring function)."""
+    calls = []
+    real = profiling._measure
+
+    def counting(*args, **kwargs):
+        calls.append(time.time())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profiling, "_measure", counting)
+    return calls
+
+
+def test_profile_of_a_tiny_preset(measurements):
+    profile = profile_layers("gpt", **FAST)
+    model = get_model("gpt", TINY)
+    n = model.num_layers
+    assert profile.num_layers == n == 4 and len(measurements) == 1
+    assert profile.layer_names == ["Embedding", "Block", "Block", "LMHead"]
+    for values in (profile.forward, profile.backward, profile.total, profile.forward_iqr,
+                   profile.backward_iqr, profile.param_bytes, profile.activation_bytes):
+        assert len(values) == n
+    assert all(t > 0 for t in profile.forward + profile.backward)
+    assert profile.total == [f + b for f, b in zip(profile.forward, profile.backward)]
+    assert all(len(s) == 3 for s in profile.forward_samples + profile.backward_samples)
+    assert all(q >= 0 for q in profile.forward_iqr + profile.backward_iqr)
+    assert profile.param_bytes == [4 * c for c in model.param_counts()]  # fp32
+    hidden_bytes = 2 * 8 * 32 * 4  # micro-batch × seq_len × hidden × fp32
+    assert profile.activation_bytes == [hidden_bytes] * 3 + [2 * 8 * 128 * 4]  # logits last
+    assert profile.threads == 1 and profile.device == "cpu" and not profile.cached
+    assert 0 < profile.core_share <= 1.5  # CPU time over wall time: at most about one core
+
+
+def test_profiling_leaves_threads_and_rng_as_found():
+    threads = torch.get_num_threads()
+    state = torch.random.get_rng_state()
+    profile_layers("gpt", **{**FAST, "threads": 2}, cache=False)
+    assert torch.get_num_threads() == threads
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_cache_hit_returns_equal_values_without_measuring(measurements, private_cache):
+    first = profile_layers("gpt", **FAST)
+    second = profile_layers("gpt", **FAST)
+    assert len(measurements) == 1  # the second call did not measure
+    assert second.cached and not first.cached
+    assert second == first and second.total == first.total
+    assert second.measured_at == first.measured_at
+    assert len(list((private_cache / "profiles").glob("gpt-*.json"))) == 1
+
+
+def test_cache_false_measures_again(measurements):
+    first = profile_layers("gpt", **FAST)
+    again = profile_layers("gpt", **FAST, cache=False)
+    assert len(measurements) == 2 and not again.cached
+    assert again.measured_at > first.measured_at
+    assert profile_layers("gpt", **FAST).measured_at == again.measured_at  # it refreshed the cache
+
+
+@pytest.mark.parametrize("change", [{"micro_batch_size": 3}, {"threads": 2}, {"repeats": 4},
+                                    {"model_options": {**TINY, "blocks": 3}}, {"seed": 7}])
+def test_a_different_key_measures_again(measurements, change):
+    profile_layers("gpt", **FAST)
+    profile_layers("gpt", **{**FAST, **change})
+    assert len(measurements) == 2
+
+
+def test_a_corrupt_cache_file_is_measured_again(measurements, private_cache, monkeypatch):
+    profile_layers("gpt", **FAST)
+    for path in (private_cache / "profiles").glob("*.json"):
+        path.write_text("{not json")
+    monkeypatch.setattr(profiling, "_written", {})  # as in a new process
+    assert not profile_layers("gpt", **FAST).cached and len(measurements) == 2
+
+
+def test_an_unwritable_cache_warns_and_the_process_reuses_its_profile(measurements, tmp_path,
+                                                                       monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("WORKBOOK_CACHE", str(blocker))
+    with pytest.warns(UserWarning, match="could not cache the layer profile"):
+        first = profile_layers("gpt", **FAST)
+    second = profile_layers("gpt", **FAST)
+    assert second == first and second.cached and len(measurements) == 1
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+        profile_layers("gpt", **{**FAST, "repeats": 0})
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        profile_layers("gpt", **{**FAST, "threads": 0})
+    with pytest.raises(ValueError, match="unknown model preset"):
+        profile_layers("bert")
+
+
+def test_round_trip_and_display():
+    profile = profile_layers("gpt", **FAST)
+    again = LayerProfile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert again == profile
+    rows = profile.table()
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3] and rows[-1]["name"] == "LMHead + loss"
+    assert sum(r["share"] for r in rows) == pytest.approx(1, abs=1e-3)
+    assert "LMHead + loss" in profile._repr_html_() and "<table>" in profile._repr_html_()
+    assert "total per micro-batch" in str(profile)
+    with pytest.raises(ValueError, match="not a layer profile"):
+        LayerProfile.from_dict({"model": "gpt"})
+
+
+def _fake_profile(totals, **fields) -> LayerProfile:
+    n = len(totals)
+    base = dict(model="gpt", options={}, micro_batch_size=4, device="cpu", device_name="test",
+                threads=1, torch_version=torch.__version__, warmup=0, repeats=1, seed=1234,
+                layer_names=["L"] * n, forward=[t / 3 for t in totals],
+                backward=[2 * t / 3 for t in totals], forward_iqr=[0.0] * n,
+                backward_iqr=[0.0] * n, forward_samples=[[t / 3] for t in totals],
+                backward_samples=[[2 * t / 3] for t in totals], param_bytes=[4] * n,
+                activation_bytes=[4] * n, measured_at=0.0)
+    return LayerProfile(**{**base, **fields})
+
+
+def test_partition_profile_balances_the_measured_costs(monkeypatch):
+    costs = [0.01, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.10]  # cheap embedding, costly head
+    seen = []
+
+    def fake(spec, *, cache=True):
+        seen.append(spec)
+        return _fake_profile(costs)
+
+    monkeypatch.setattr(profiling, "profile_for_job", fake)
+    spec = JobSpec(num_stages=2, partition="profile")
+    spec.check()
+    assert spec.boundaries() == partition(costs, 2, method="balanced") == [0, 6, 8]
+    assert seen == [spec]
+    record = partition_record(spec, spec.boundaries())
+    assert record["method"] == "profile" and record["parts"] == [0, 6, 8]
+    assert record["predicted_stage_costs"] == pytest.approx([0.11, 0.12])
+    assert record["layer_costs"] == pytest.approx(costs)
+
+
+def test_profile_for_job_uses_the_jobs_conditions(monkeypatch):
+    calls = []
+    monkeypatch.setattr(profiling, "profile_layers", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(profiling.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    profile_for_job(JobSpec(num_stages=2, micro_batch_size=3, device="cpu", seed=5))
+    (args, kwargs), = calls
+    assert args == ("gpt",) and kwargs["micro_batch_size"] == 3 and kwargs["seed"] == 5
+    assert kwargs["device"] == "cpu" and kwargs["threads"] == 2  # 4 cores // 2 ranks
+
+
+def test_other_methods_predict_only_from_a_cached_profile(measurements):
+    spec = JobSpec(**FAST_JOB, partition="parameters")
+    record = partition_record(spec, spec.boundaries())
+    assert record["method"] == "parameters" and record["predicted_stage_costs"] is None
+    assert not measurements  # launching never measures for a method that does not need it
+    profile = profile_for_job(spec)  # now it is cached
+    record = partition_record(spec, [0, 1, 4])
+    assert record["predicted_stage_costs"] == pytest.approx(profile.stage_costs([0, 1, 4]))
+    explicit = JobSpec(**{**FAST_JOB, "partition": [0, 2, 4]})
+    assert partition_record(explicit, explicit.boundaries())["method"] == "explicit"
+
+
+FAST_JOB = {"model_options": TINY, "micro_batch_size": 2, "device": "cpu", "num_stages": 2}
+
+
+@pytest.mark.parametrize("stored, parts, method, predicted", [
+    ([0, 1, 4], [0, 1, 4], "parameters", None),  # a run recorded before predictions existed
+    ({"parts": [0, 3, 4], "method": "profile", "predicted_stage_costs": [0.5, 0.25],
+      "layer_costs": None, "profile": None}, [0, 3, 4], "profile", [0.5, 0.25]),
+])
+def test_run_reads_both_partition_formats(tmp_path, stored, parts, method, predicted):
+    (tmp_path / "spec.json").write_text(JobSpec(**FAST_JOB).to_json())
+    (tmp_path / "partition.json").write_text(json.dumps(stored))
+    run = Run.load(tmp_path)
+    assert run.parts == parts and run.partition_method == method
+    assert run.predicted_stage_costs == predicted
