@@ -277,6 +277,9 @@ def _environment(spec: JobSpec, device: str) -> tuple[dict[str, str], list[str]]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env["DS_ACCELERATOR"] = device
+    # DeepSpeed JIT-builds a comm op per torch install; a cache per environment keeps two
+    # environments (say a checkout and its CI clone) from rebuilding it for each other.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     # The process group must outlive the job's own timeout, so the launcher reports hangs.
     env["DEEPSPEED_TIMEOUT"] = str(int(spec.timeout // 60) + 2)
     notes = []
