@@ -23,6 +23,7 @@ from statistics import median
 
 from .schedules import SCHEDULES, build
 from .simulate import Costs, simulate
+from .metrics import _transfer_intervals
 from .timeline import COMM_KINDS, Timeline
 
 PerStage = float | Sequence[float]
@@ -39,8 +40,11 @@ class StageCosts:
     Index ``k = chunk * num_stages + stage``: for runs without interleaving, simply the stage.
     `backward` is the full backward (B), or the input-gradient pass (I) when the run split
     its backward; `weight` holds the weight-gradient pass (W) then, and is None otherwise.
-    `comm` is the median delay between a producer ending on one rank and its consumer
-    starting on the next while that consumer was idle, waiting (0.0 with a single stage).
+    `forward` and `backward` include what the rank does around each computation that keeps
+    it from computing: loading the micro-batch and the transfer part of its blocking send
+    (waiting for a late receiver is left out). `comm` is the median delay between a
+    producer's send ending on one rank and its consumer starting on the next while that
+    consumer was idle, waiting (0.0 with a single stage).
     `p2p` is the median duration of send/recv events per stage (None where none recorded);
     it is informational and not used by `predict`.
     """
@@ -81,20 +85,29 @@ def stage_costs_from_timeline(timeline: Timeline, step: int | None = None) -> St
     vs = p * chunks
     split = any(e.kind == "backward_weight" for e in events)
     bwd_kind = "backward_input" if split else "backward"
+    transfer = {key: interval for st in steps
+                for key, interval in _transfer_intervals([e for e in events if e.step == st]).items()}
     durations: dict[tuple[str, int], list[float]] = {}
     for e in events:
-        durations.setdefault((e.kind, e.chunk * p + e.stage), []).append(e.duration)
+        start, end = transfer.get(id(e), (e.start, e.end))
+        durations.setdefault((e.kind, e.chunk * p + e.stage), []).append(end - start)
 
-    def medians(kind: str) -> tuple[float, ...]:
+    def medians(kind: str, *, busy_with: tuple[str, ...] = ()) -> tuple[float, ...]:
+        """Median duration of `kind` per virtual stage, plus the median of each instruction
+        in `busy_with` that the same rank runs once per micro-batch around it (a DeepSpeed
+        rank cannot compute while it loads a micro-batch or is inside a blocking send)."""
         missing = [k for k in range(vs) if (kind, k) not in durations]
         if missing:
             raise ValueError(f"no {kind} events for virtual stage(s) {missing} in steps {steps}")
-        return tuple(median(durations[(kind, k)]) for k in range(vs))
+        return tuple(median(durations[(kind, k)])
+                     + sum(median(durations[(extra, k)]) for extra in busy_with if (extra, k) in durations)
+                     for k in range(vs))
 
     p2p = tuple(median(d) if (d := [e.duration for e in events
                                     if e.stage == s and e.kind in COMM_KINDS]) else None
                 for s in range(p))
-    return StageCosts(p, medians("forward"), medians(bwd_kind),
+    return StageCosts(p, medians("forward", busy_with=("load", "send_act")),
+                      medians(bwd_kind, busy_with=("send_grad",)),
                       medians("backward_weight") if split else None,
                       _latency(events, p, vs, bwd_kind), p2p)
 
@@ -108,12 +121,16 @@ def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
     for e in events:
         if e.kind in ("forward", bwd_kind, "backward_weight"):
             by_rank.setdefault((e.step, e.rank), []).append(e)
+    sent = {(e.step, e.rank, e.micro_batch, e.chunk, e.kind): e.end for e in events
+            if e.kind in ("send_act", "send_grad")}
     for row in by_rank.values():
         last = None
         for e in sorted(row, key=lambda e: e.start):
             key = (e.step, replica[(e.stage, e.rank)], e.kind, e.chunk * p + e.stage,
                    e.micro_batch)
-            compute[key] = e
+            # A producer's output leaves when its send ends: calibrated costs include the send.
+            send_kind = "send_act" if e.kind == "forward" else "send_grad"
+            compute[key] = (e.start, sent.get((e.step, e.rank, e.micro_batch, e.chunk, send_kind), e.end))
             previous_end[key] = last
             last = e.end
     waiting, all_gaps = [], []
@@ -124,10 +141,10 @@ def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
         producer = compute.get((step, rep, kind, source, mb))
         if producer is None:
             continue
-        gap = max(0.0, consumer.start - producer.end)
+        gap = max(0.0, consumer[0] - producer[1])
         all_gaps.append(gap)
         before = previous_end[(step, rep, kind, k, mb)]
-        if before is None or before <= producer.end:
+        if before is None or before <= producer[1]:
             waiting.append(gap)
     gaps = waiting or all_gaps
     return median(gaps) if gaps else 0.0
