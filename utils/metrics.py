@@ -168,12 +168,7 @@ class Metrics:
 
     def stage_table(self) -> list[dict]:
         """One row per stage: compute, exposed comm and idle in ms, utilisation."""
-        return [{"stage": s,
-                 "compute_ms": round(self.stage_compute[s] * 1e3, 3),
-                 "comm_ms": round(self.stage_comm[s] * 1e3, 3),
-                 "idle_ms": round(self.stage_idle[s] * 1e3, 3),
-                 "utilisation": round(self.stage_utilisation[s], 4)}
-                for s in range(self.num_stages)]
+        return _stage_rows(self)
 
     def __str__(self) -> str:
         head = f"{self.source} pipeline, step {self.step}"
@@ -499,12 +494,7 @@ class MetricsSummary:
 
     def stage_table(self) -> list[dict]:
         """One row per stage with median compute, comm and idle (ms) and utilisation."""
-        return [{"stage": s,
-                 "compute_ms": round(self.stage_compute[s] * 1e3, 3),
-                 "comm_ms": round(self.stage_comm[s] * 1e3, 3),
-                 "idle_ms": round(self.stage_idle[s] * 1e3, 3),
-                 "utilisation": round(self.stage_utilisation[s], 4)}
-                for s in range(self.num_stages)]
+        return _stage_rows(self)
 
     def to_dict(self) -> dict:
         return {"used_steps": list(self.used_steps), "skip_first": self.skip_first,
@@ -539,6 +529,15 @@ def _fmt(name: str, value: float | None) -> str:
     if abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def _stage_rows(m: Metrics | MetricsSummary) -> list[dict]:
+    return [{"stage": s,
+             "compute_ms": round(m.stage_compute[s] * 1e3, 3),
+             "comm_ms": round(m.stage_comm[s] * 1e3, 3),
+             "idle_ms": round(m.stage_idle[s] * 1e3, 3),
+             "utilisation": round(m.stage_utilisation[s], 4)}
+            for s in range(m.num_stages)]
 
 
 def _scalar_rows(m: Metrics) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
+from tests.helpers import schedule_events
 from utils import theory
 from utils.plots import (KIND_COLORS, compare_timelines, default_step, plot_memory,
                          plot_stage_breakdown, plot_sweep, plot_timeline)
@@ -13,36 +14,9 @@ from utils.timeline import COMM_KINDS, KINDS, Event, Timeline
 MS = 1e-3
 
 
-def one_f_one_b(p: int, m: int, *, f: float = 1 * MS, b: float = 2 * MS, step: int = 0,
-                offset: float = 0.0, rank_of=lambda s: s) -> list[Event]:
-    """Classic 1F1B: each action in 1F1B order starts as soon as its inputs are ready."""
-    events = []
-    done: dict = {}
-    free = [0.0] * p
-    orders = []
-    for s in range(p):
-        warm = min(p - s - 1, m)
-        order = [("forward", i) for i in range(warm)]
-        for i in range(m):
-            if warm + i < m:
-                order.append(("forward", warm + i))
-            order.append(("backward", i))
-        orders.append(order)
-    pos = [0] * p
-    while any(pos[s] < len(orders[s]) for s in range(p)):
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                kind, i = orders[s][pos[s]]
-                deps = ([("forward", s - 1, i)] if s else []) if kind == "forward" else \
-                    [("forward", s, i)] + ([("backward", s + 1, i)] if s < p - 1 else [])
-                if any(d not in done for d in deps):
-                    break
-                start = max([free[s]] + [done[d] for d in deps])
-                done[(kind, s, i)] = free[s] = start + (f if kind == "forward" else b)
-                pos[s] += 1
-                events.append(Event(stage=s, rank=rank_of(s), step=step, kind=kind,
-                                    micro_batch=i, start=offset + start, end=offset + free[s]))
-    return events
+def one_f_one_b(p: int, m: int, **kw) -> list[Event]:
+    """Classic 1F1B with 1 ms forwards and 2 ms backwards, each action as early as possible."""
+    return schedule_events(p, m, f=kw.pop("f", 1 * MS), b=kw.pop("b", 2 * MS), **kw)
 
 
 def with_comm(events: list[Event]) -> list[Event]:
