@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .models import get_model
+from .tracing import KIND_OF_INSTRUCTION
 
 SCHEDULES = ("1f1b", "gpipe")
 PARTITION_METHODS = ("uniform", "parameters", "profile")
@@ -22,8 +23,8 @@ PARTITION_METHODS = ("uniform", "parameters", "profile")
 DeepSpeed's ``type:REGEX`` is left out on purpose (see `JobSpec.boundaries`)."""
 DEVICES = ("auto", "cpu", "cuda")
 FAULT_KINDS = ("raise", "hang", "exit")
-INSTRUCTIONS = ("load", "forward", "backward", "send_act", "recv_act", "send_grad", "recv_grad",
-                "reduce_tied_grads", "reduce_grads", "optimizer_step")
+INSTRUCTIONS = tuple(KIND_OF_INSTRUCTION.values())
+"""Event kinds of the instructions DeepSpeed's engine executes (where a fault can be injected)."""
 
 
 @dataclass(frozen=True, kw_only=True)
