@@ -48,12 +48,6 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)  # readers never see half a file
-
-
 def build_module(spec, model, parts: list[int]):
     """The `PipelineModule` for `spec`, split at the boundaries `parts` the launcher chose."""
     from deepspeed.pipe import PipelineModule
@@ -138,6 +132,7 @@ def _peak_memory(device: str) -> tuple[int, str]:
 
 def run(run_dir: Path) -> None:
     from .models import batches, get_model
+    from .runs import write_json
     from .spec import JobSpec
     from .tracing import CudaClock, HostClock, InstructionTracer, StatusSlot
 
@@ -171,7 +166,7 @@ def run(run_dir: Path) -> None:
             progress_file.write(json.dumps({"step": step, "loss": float(loss), "seconds": seconds}) + "\n")
             progress_file.flush()
     peak, memory_kind = _peak_memory(device)
-    _write_json(run_dir / f"result-rank{RANK}.json", {
+    write_json(run_dir / f"result-rank{RANK}.json", {
         "rank": RANK, "stage": stage, "replica": replica, "parts": list(engine.module.parts),
         "layers": [engine.module.parts[stage], engine.module.parts[stage + 1]],
         "peak_memory_bytes": peak, "memory_kind": memory_kind, "device": device,
@@ -186,7 +181,9 @@ def main() -> None:
     try:
         run(run_dir)
     except BaseException as exc:  # record why, then fail loudly so torchrun stops the others
-        _write_json(run_dir / f"error-rank{RANK}.json", {
+        from .runs import write_json
+
+        write_json(run_dir / f"error-rank{RANK}.json", {
             "rank": RANK, "stage": _stage_of(run_dir, RANK), "time": time.time(),
             "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()})
         traceback.print_exc()

@@ -30,9 +30,8 @@ from pathlib import Path
 
 import psutil
 
-from .profiling import partition_record
-from .profiling import rank_threads
-from .runs import Run, read_json, read_jsonl, runs_dir
+from .profiling import partition_record, rank_threads
+from .runs import Run, read_json, read_jsonl, runs_dir, write_json
 from .spec import JobSpec
 from .tracing import StatusSlot
 
@@ -156,7 +155,7 @@ class RunningJob:
         log = (self.path / "launcher.log").read_text(errors="replace")
         exit_codes = {int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)}
         reported = {e["rank"] for e in errors}
-        vanished = [r for r, proc in sorted(self._workers.items())
+        vanished = [r for r in sorted(self._workers)
                     if r not in reported and not (self.path / f"result-rank{r}.json").exists()
                     and exit_codes.get(r, 1) > 0]
         if vanished:
@@ -294,9 +293,7 @@ def _environment(spec: JobSpec, device: str) -> tuple[dict[str, str], list[str]]
 
 
 def _write_status(path: Path, **status) -> None:
-    tmp = path / "status.json.tmp"
-    tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
-    tmp.replace(path / "status.json")
+    write_json(path / "status.json", status, indent=2)
 
 
 def _kill_tree(process: subprocess.Popen, grace: float = 3.0) -> None:

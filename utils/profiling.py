@@ -282,8 +282,6 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
     Returns:
         A `LayerProfile`; ``profile.total`` is the per-layer cost to partition on.
     """
-    import torch
-
     from .models import get_model
 
     for name, value, low in (("micro_batch_size", micro_batch_size, 1), ("warmup", warmup, 0),
@@ -504,9 +502,9 @@ def _write_cache(path: Path, key: Mapping[str, Any], profile: LayerProfile) -> N
     _written[path] = profile
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "profile": profile.to_dict()}), encoding="utf-8")
-        tmp.replace(path)  # readers never see half a file
+        from .runs import write_json
+
+        write_json(path, {"key": key, "profile": profile.to_dict()})
     except OSError as exc:
         import warnings
 

@@ -42,6 +42,14 @@ def read_json(path: Path, default=None):
         return default
 
 
+def write_json(path: Path, data, *, indent: int | None = None) -> None:
+    """Write JSON so that readers (the launcher polling, another process) never see half a
+    file: write a private temporary file, then rename it into place."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent), encoding="utf-8")
+    tmp.replace(path)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Complete lines only: a line still being written is skipped, not misread."""
     try:
