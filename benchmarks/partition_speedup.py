@@ -5,8 +5,10 @@
                                            [--model-options '{"blocks": 6}'] [--profile-once]
 
 For each stage count it runs the same job with ``partition="uniform"``, ``"parameters"`` and
-``"profile"``, interleaved round by round (uniform, parameters, profile; uniform, ...) so
-that load from other processes hits all three alike. Before every round it profiles the
+``"profile"``, interleaved round by round so that load from other processes hits all three
+alike, and in an order that rotates each round (uniform, parameters, profile; parameters,
+profile, uniform; ...) because the first run after a profile measured slower in every round
+of a fixed order. Before every round it profiles the
 layers afresh under the conditions a job rank gets (`utils.profiling.profile_for_job`,
 ``cache=False``), so the profile and the runs it predicts see the machine in the same state
 (``--profile-once``: one profile per stage count, as a learner would use it). The profile
@@ -18,6 +20,8 @@ It prints per run and per method:
 - the slowest stage's measured compute per step (forward + backward, median over steps)
   against the prediction recorded before launch (predicted per-micro-batch cost of that
   stage × micro-batches), as a relative error;
+- the share of the machine's CPU time the hypervisor took for other guests while the run
+  ran (``steal`` in /proc/stat): on a shared VM it is the largest single source of noise;
 - a CPU-time cross-check of the same: each rank's CPU seconds per step (sampled with psutil)
   against the prediction × the share of a core the profile got. On a shared machine the
   wall-clock error mostly measures waiting for a core; this shows what is left without it
@@ -26,7 +30,7 @@ It prints per run and per method:
 With 2 stages, uniform and parameters give the same boundaries on the default gpt, so their
 step-time ratio within a round is an A/A test: the run-to-run noise of this machine.
 
-Targets: profile >= 1.2x faster than parameters on 2 CPU stages; measured slowest-stage
+Targets (judged on all rounds; quiet rounds are summarised apart): profile >= 1.2x faster than parameters on 2 CPU stages; measured slowest-stage
 compute within 15 % of the prediction. The machine's load average is printed at the start,
 after every round and at the end: on a shared machine it explains most of the noise.
 """
@@ -44,11 +48,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 METHODS = ("uniform", "parameters", "profile")
+QUIET_STEAL = 0.02
+"""A round counts as quiet when steal took at most this share of the CPU time in each of its
+runs. Steal inflates wall-clock time directly; both verdicts, all rounds and quiet rounds,
+are printed."""
 
 
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {len(os.sched_getaffinity(0))} cores"
+
+
+def steal_counters() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs so far, from /proc/stat; None where unavailable."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
 def run_sampled(spec, directory: Path):
@@ -165,10 +182,15 @@ def main() -> None:
                 for row in profile.compare_partitions(stages):
                     print(f"    predicted {row['method']:>10}: parts {row['parts']}, stages {row['stage_ms']} ms, "
                           f"bottleneck {row['bottleneck_ms']} ms (stage {row['slowest_stage']})")
-            for method in METHODS:
+            shift = round_ % len(METHODS)
+            for method in METHODS[shift:] + METHODS[:shift]:
+                before = steal_counters()
                 run, cpu = run_sampled(JobSpec(**base, partition=method, name=f"{method}-{stages}"),
                                        directory)
-                row = {**measure(run, cpu, profile.core_share), "round": round_}
+                after = steal_counters()
+                row = {**measure(run, cpu, profile.core_share), "round": round_,
+                       "steal": None if not (before and after and after[1] > before[1])
+                       else (after[0] - before[0]) / (after[1] - before[1])}
                 rows.append(row)
                 error = "n/a" if row["error"] is None else f"{row['error']:+.1%}"
                 if "cpu_error" in row:
@@ -176,7 +198,8 @@ def main() -> None:
                               f"of a core while computing, the profile {profile.core_share:.0%}; "
                               f"CPU/stage {ms(c or 0 for c in row['cpu_s'])} ms vs predicted "
                               f"{ms(row['predicted_cpu_s'])} ms)")
-                print(f"  round {round_} {method:>10} {str(row['parts']):<16} step {row['step_s'] * 1e3:7.1f} ms  "
+                steal = "" if row["steal"] is None else f"  steal {row['steal']:.0%}"
+                print(f"  round {round_} {method:>10} {str(row['parts']):<16} step {row['step_s'] * 1e3:7.1f} ms{steal}  "
                       f"bubble {row['bubble']:.3f}  compute/stage {ms(row['compute_s'])} ms  "
                       f"predicted {ms(row['predicted_s']) if row['predicted_s'] else 'n/a'} ms  "
                       f"slowest-stage error {error}")
@@ -216,6 +239,17 @@ def main() -> None:
             print(f"{stages} stages: the same in CPU time (waiting for a core taken out, the rank's "
                   "optimizer/load/send work left in): "
                   f"{', '.join(f'{e:+.1%}' for e in cpu_errors)}")
+        quiet = [i for i, p in enumerate(by_method["parameters"])
+                 if all((r["steal"] or 0) <= QUIET_STEAL for r in rows if r["round"] == p["round"])]
+        if quiet and len(quiet) < len(per_round):
+            print(f"{stages} stages: rounds where no run lost more than {QUIET_STEAL:.0%} to steal "
+                  f"({', '.join(str(i) for i in quiet)}): parameters / profile = "
+                  f"{statistics.median(per_round[i] for i in quiet):.2f}x, slowest-stage error "
+                  f"{', '.join(f'{errors[i]:+.1%}' for i in quiet)}")
+        steals = [r["steal"] for r in rows if r["steal"] is not None]
+        if steals:
+            print(f"{stages} stages: CPU time stolen by the hypervisor during the runs: median "
+                  f"{statistics.median(steals):.0%}, max {max(steals):.0%}")
     print(f"\nend: {load()}")
 
 

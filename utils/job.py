@@ -52,6 +52,8 @@ def build_module(spec, model, parts: list[int]):
     """The `PipelineModule` for `spec`, split at the boundaries `parts` the launcher chose."""
     from deepspeed.pipe import PipelineModule
 
+    from .models import seed_layer
+
     class FixedPartitionModule(PipelineModule):
         """DeepSpeed partitions inside ``__init__`` through ``_partition_layers``: the one place
         to impose boundaries instead of computing them."""
@@ -62,7 +64,8 @@ def build_module(spec, model, parts: list[int]):
             self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
 
     return FixedPartitionModule(layers=model.layer_specs(), num_stages=spec.num_stages,
-                                loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed)
+                                loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed,
+                                seed_fn=seed_layer)
 
 
 def build_engine(spec, model, parts: list[int]):
@@ -131,6 +134,7 @@ def _peak_memory(device: str) -> tuple[int, str]:
 
 
 def run(run_dir: Path) -> None:
+    from .cpu_setup import keep_freed_memory
     from .models import batches, get_model
     from .runs import write_json
     from .spec import JobSpec
@@ -142,6 +146,7 @@ def run(run_dir: Path) -> None:
 
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        keep_freed_memory()  # as the profile does: steady steps, and a profile that predicts them
     model = get_model(spec.model, spec.model_options)
     record = json.loads((run_dir / "partition.json").read_text())  # a dict; a bare list in older runs
     engine = build_engine(spec, model, record["parts"] if isinstance(record, dict) else record)

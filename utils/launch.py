@@ -30,7 +30,8 @@ from pathlib import Path
 
 import psutil
 
-from .profiling import partition_record, rank_threads
+from .cpu_setup import rank_threads
+from .profiling import partition_record
 from .runs import Run, read_json, read_jsonl, runs_dir, write_json
 from .spec import JobSpec
 from .tracing import StatusSlot

@@ -12,8 +12,10 @@ What is measured, and why it matches a real stage:
 
 - Same conditions as a job rank: the same device, the same micro-batch size and, on CPU,
   the same torch thread count a rank gets (`rank_threads`, as `utils.launch` sets
-  ``OMP_NUM_THREADS``). Layers are seeded like ``PipelineModule(seed_layers=True)`` and fed
-  a real batch: layer ``i`` gets layer ``i - 1``'s output on it.
+  ``OMP_NUM_THREADS``) and the same allocator settings (`keep_freed_memory`, which stays
+  in effect in this process afterwards). Layers are seeded like
+  ``PipelineModule(seed_layers=True)`` and fed a real batch: layer ``i`` gets layer
+  ``i - 1``'s output on it.
 - Forward: the layer call. Backward: ``torch.autograd.backward(out, grad)`` with a random
   gradient of the output's shape, the input requiring grad as a received activation does
   (so the input gradient, which a stage sends back, is computed too). Parameter gradients
@@ -31,9 +33,10 @@ What is measured, and why it matches a real stage:
 Profiles are cached as JSON per (preset, options, micro-batch size, device, threads, torch
 version, warm-up, repeats, seed) in `cache_dir()`; ``cache=False`` measures again.
 
-What a profile cannot see: contention between ranks that share a machine (on CPU, more ranks
-than cores), DeepSpeed's own per-instruction work (input clone, hooks, loss scaling) and
-communication. `utils.launch` records the prediction next to the measured run, so the gap
+What a profile cannot see: contention between ranks that share a machine (on a 2-core VM,
+blocks measured 20–40 % slower in a job whose other rank computed at the same time than in
+a profile alone: shared caches and memory bandwidth, and the hypervisor's steal),
+DeepSpeed's own per-instruction work (input clone, hooks, loss scaling) and communication. `utils.launch` records the prediction next to the measured run, so the gap
 can be checked rather than assumed.
 """
 
@@ -49,14 +52,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .cpu_setup import keep_freed_memory, rank_threads
+
 if TYPE_CHECKING:
     from .spec import JobSpec
 
 __all__ = ["LayerProfile", "cache_dir", "cached_profile", "partition_record", "profile_for_job",
-           "profile_layers", "rank_threads"]
+           "profile_layers"]
 
 #: Bump when the measurement method changes, so older cached profiles are not reused.
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 DEFAULT_SEED = 1234
 """`JobSpec.seed`'s default: layers and data are seeded like a job with it."""
 DEFAULT_WARMUP = 2
@@ -221,12 +226,6 @@ def cache_dir() -> Path:
     """``$WORKBOOK_CACHE`` if set, else ``~/.cache/ds-pipeline-workbook``."""
     configured = os.environ.get("WORKBOOK_CACHE")
     return Path(configured) if configured else Path.home() / ".cache" / "ds-pipeline-workbook"
-
-
-def rank_threads(world_size: int) -> int:
-    """torch threads one rank of a CPU job gets: the cores this process may use, shared
-    evenly, at least one (the rule of ``utils.launch``'s ``OMP_NUM_THREADS``)."""
-    return max(1, len(os.sched_getaffinity(0)) // world_size)
 
 
 def _resolve_device(device: str) -> str:
@@ -411,6 +410,8 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
     try:
         if threads is not None:
             torch.set_num_threads(threads)
+        if device == "cpu":
+            keep_freed_memory()
         with torch.random.fork_rng(devices=rng_devices):  # leave the caller's RNG untouched
             layers = []
             for index, layer in enumerate(model.layers):
