@@ -36,6 +36,10 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
+# The chapter and lab-solution notebooks, executed cell by cell by nbval.
+test-notebooks: setup
+	$(PY) -m pytest chapters solutions $(PYTEST_ARGS)
+
 # Headless, e.g. on a GPU node over SSH: a real pipeline job, its timeline as standalone
 # HTML and a Chrome trace (open in https://ui.perfetto.dev) under demo-output/.
 demo: setup

@@ -16,11 +16,12 @@ def processes_of(run_path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any(str(run_path) in part for part in (proc.info["cmdline"] or [])):
+            if (any(str(run_path) in part for part in (proc.info["cmdline"] or []))
+                    and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE):
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.Error:  # it exited (or became unreadable) while being looked at
             pass
-    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return found
 
 
 def schedule_events(p: int, m: int, *, f: float | list[float] = 1.0,

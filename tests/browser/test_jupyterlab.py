@@ -2,9 +2,10 @@
 
 Starts JupyterLab on 127.0.0.1 (free port, random token, throw-away config, settings and
 workspace folders) with a small notebook, opens it with Playwright's Python API in the
-system's Chromium, runs all cells from the Run menu, checks that the plotly charts and the
-widgets are in the page, presses the panel's Run button to train a tiny real DeepSpeed job,
-waits for its timeline to appear, and saves screenshots under ``artifacts/``.
+system's Chromium (``$CHROMIUM``, else ``chromium`` on PATH), runs all cells from the Run
+menu, checks that the plotly charts and the widgets are in the page, presses the panel's Run
+button to train a tiny real DeepSpeed job, waits for its timeline to appear, and saves
+screenshots under ``artifacts/``.
 
 Without Chromium (or Playwright) the test skips, except under ``CI=true``, where it fails.
 The server and its kernels are always stopped, and every wait is bounded.
@@ -33,7 +34,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# $CHROMIUM (.ci/run exports the one it found), else chromium on PATH, else the usual place.
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 NOTEBOOK = "panel.ipynb"

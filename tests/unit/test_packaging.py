@@ -47,4 +47,10 @@ def test_importing_utils_does_not_import_deepspeed():
 def test_readme_gives_the_two_commands_and_ci_calls_one():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "make lab" in readme and "make test" in readme
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    fenced = "\n".join(re.findall(r"^```[^\n]*\n(.*?)^```", readme, flags=re.M | re.S))
+    assert re.search(r"^\s*make lab\b", fenced, flags=re.M), "README: no code block runs `make lab`"
+    assert re.search(r"^\s*make test\b", fenced, flags=re.M), "README: no code block runs `make test`"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+    # A command line, not a comment, runs it (^ never matches inside a `# ...` line).
+    assert re.search(r"^\s*make test\b", ci, flags=re.M), ".ci/run has no line that runs `make test`"
