@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .launch import run_job
 from .plots import plot_timeline
-from .spec import JobSpec
+from .spec import SCHEDULES, JobSpec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,17 +23,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", type=int, default=None, help="default: 4 on a 4+ GPU node, else 2")
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe"))
+    parser.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
     args = parser.parse_args(argv)
 
     import torch
 
-    gpus = torch.cuda.device_count()
-    stages = args.stages or (4 if gpus >= 4 else 2)
-    on_gpu = gpus >= stages
-    spec = JobSpec(model="gpt-large" if on_gpu else "gpt", num_stages=stages,
-                   micro_batches=args.micro_batches, steps=args.steps, schedule=args.schedule,
-                   device="cuda" if on_gpu else "cpu", name="demo", timeout=1800)
+    stages = args.stages or (4 if torch.cuda.device_count() >= 4 else 2)
+    spec = JobSpec.for_this_machine(num_stages=stages, micro_batches=args.micro_batches,
+                                    steps=args.steps, schedule=args.schedule, name="demo",
+                                    timeout=1800)
+    on_gpu = spec.device == "cuda"
     print(f"running {stages} stages on {'CUDA/NCCL' if on_gpu else 'CPU/gloo'}: {spec.model}")
     run = run_job(spec)
     args.out.mkdir(parents=True, exist_ok=True)

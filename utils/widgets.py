@@ -54,8 +54,8 @@ BOUNDARIES = "boundaries"
 #: the kernel's main thread).
 PROFILE = "profile"
 _STYLE = {"description_width": "initial"}
-_BAR_STYLE = {"running": "info", "succeeded": "success", "failed": "danger", "timeout": "danger",
-              "stopped": "warning", "error": "danger"}
+#: Progress-bar style of a panel whose job did not succeed, by state (anything else: danger).
+_BAR_STYLE = {"failed": "danger", "timeout": "danger", "stopped": "warning", "error": "danger"}
 
 # Jobs started by any panel and still running: stopped when the kernel exits, so a restarted
 # kernel leaves no DeepSpeed processes behind (they run in sessions of their own).

@@ -4,6 +4,7 @@ the in-kernel harness, feedback messages, the resource-limit wrapper."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -96,8 +97,8 @@ def test_harness_uses_real_builtins_and_keeps_only_helpers():
         run_check("assert answer == 3, 'boom'", namespace)
 
 
-CHECK = Check(id="c", task="t", points=1, description="", source="x", public_source=None, cell_id="c")
-PUBLIC = Check(id="p", task="t", points=1, description="", source="x", public_source="x", cell_id="p")
+CHECK = Check(id="c", task="t", points=1, description="", source="x", public_source=None)
+PUBLIC = Check(id="p", task="t", points=1, description="", source="x", public_source="x")
 
 
 @pytest.mark.parametrize("outcome, check, expected, absent", [
@@ -115,6 +116,8 @@ def test_feedback_messages(outcome, check, expected, absent):
     assert absent is None or absent not in message
 
 
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"),
+                    reason="the sandbox skips the address-space limit where an NVIDIA driver is present")
 def test_sandbox_wrapper_applies_limits_before_exec():
     limits = Limits(memory_gb=3, cpu_seconds=100, file_gb=1)
     code = ("import resource as r; print(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_CPU)[0], "

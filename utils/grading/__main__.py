@@ -19,7 +19,7 @@ from pathlib import Path
 from .batch import grade_batch, validate
 from .feedback import fmt
 from .grade import PROJECT_ROOT, Options
-from .notebook_source import SourceError, find_lab, generate
+from .notebook_source import LabSource, SourceError, find_lab, generate
 from .release import ReleaseError, build_release
 from .sandbox import Limits
 
@@ -83,12 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path}")
             return 0
         if args.command == "validate":
-            lab = find_lab(root, args.lab)
-            out = args.out or root / "grading-output" / f"validate-{lab.stem}"
+            lab = LabSource.load(find_lab(root, args.lab))
+            out = args.out or root / "grading-output" / f"validate-{lab.name}"
             solution, empty = validate(lab, out, runs_out=args.runs_out,
                                        options=Options(timeout=args.timeout, limits=_limits(args)))
-            from .notebook_source import LabSource
-            maximum = LabSource.load(lab).max_points
+            maximum = lab.max_points
             ok = solution.total == maximum and empty.total == 0 and not solution.error
             print(f"solution: {fmt(solution.total)}/{fmt(maximum)} ({solution.seconds:.1f} s); "
                   f"student copy: {fmt(empty.total)}/{fmt(maximum)} ({empty.seconds:.1f} s) -> "

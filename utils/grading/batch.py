@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,8 +32,8 @@ from pathlib import Path
 import psutil
 
 from .feedback import fmt, markdown, write_csv
-from .grade import Options, SubmissionResult, _unrun, grade_notebook
-from .notebook_source import LabSource
+from .grade import Options, SubmissionResult, grade_notebook
+from .notebook_source import LabSource, dumps
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,8 @@ def _child(lab_path: str, submission: Submission, options: Options, result_path:
     except Exception as error:  # the grader itself failed: say so, score nothing
         import traceback
         traceback.print_exc()
-        result = SubmissionResult(submission.student, lab.name, error=f"grader error: {error!r}",
-                                  checks=[_unrun(c, "评分程序出错") for c in lab.checks])
+        result = SubmissionResult.failed(lab, submission.student, f"grader error: {error!r}", why="评分程序出错")
     Path(result_path).write_text(json.dumps(result.to_dict(), ensure_ascii=False), encoding="utf-8")
-
-
-def _failed(lab: LabSource, student: str, why: str, seconds: float = 0.0) -> SubmissionResult:
-    return SubmissionResult(student, lab.name, error=why, seconds=seconds,
-                            checks=[_unrun(c, why) for c in lab.checks])
 
 
 def _kill(process: multiprocessing.Process) -> None:
@@ -105,12 +100,17 @@ def _kill(process: multiprocessing.Process) -> None:
     process.join(5)
 
 
-def grade_batch(lab_path: str | Path, submissions: str | Path, out: str | Path, *, workers: int = 2,
+def _load(lab: LabSource | str | Path) -> LabSource:
+    return lab if isinstance(lab, LabSource) else LabSource.load(lab)
+
+
+def grade_batch(lab_path: LabSource | str | Path, submissions: str | Path, out: str | Path, *, workers: int = 2,
                 options: Options | None = None, submission_timeout: float = 3600,
                 echo: Callable[[str], None] = print, write: bool = True) -> list[SubmissionResult]:
     """Grade every submission in `submissions` with `workers` processes; write `out`
-    (unless `write` is False: then only the instructor/ files)."""
-    lab = LabSource.load(lab_path)
+    (unless `write` is False: then only the instructor/ files). `lab_path` may be the
+    loaded lab source."""
+    lab = _load(lab_path)
     out = Path(out)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     (out / "instructor").mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ def grade_batch(lab_path: str | Path, submissions: str | Path, out: str | Path, 
     results: list[SubmissionResult] = []
     echo(f"grading {len(queue)} submission(s) of {lab.name} with {workers} worker(s)")
     for s in [s for s in queue if s.problem]:
-        results.append(_failed(lab, s.student, s.problem))
+        results.append(SubmissionResult.failed(lab, s.student, s.problem))
         echo(f"  {s.student}: 0/{fmt(lab.max_points)} in 0.0 s  [{s.problem}]")
     queue = [s for s in queue if not s.problem]
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
@@ -161,7 +161,8 @@ def _run_queue(lab: LabSource, queue: list[Submission], running: dict, results: 
             elapsed = time.monotonic() - started
             if process.exitcode is None and elapsed > submission_timeout:
                 _kill(process)
-                result = _failed(lab, s.student, f"评分超过 {submission_timeout:g} 秒，已终止", elapsed)
+                result = SubmissionResult.failed(lab, s.student, f"评分超过 {submission_timeout:g} 秒，已终止",
+                                                 seconds=elapsed)
             elif process.exitcode is None:
                 continue
             else:
@@ -169,7 +170,9 @@ def _run_queue(lab: LabSource, queue: list[Submission], running: dict, results: 
                 try:
                     result = SubmissionResult.from_dict(json.loads(result_path.read_text(encoding="utf-8")))
                 except (OSError, ValueError, TypeError):
-                    result = _failed(lab, s.student, f"评分进程异常退出（exit code {process.exitcode}）", elapsed)
+                    result = SubmissionResult.failed(lab, s.student,
+                                                     f"评分进程异常退出（exit code {process.exitcode}）",
+                                                     seconds=elapsed)
             del running[sentinel]
             results.append(result)
             echo(f"  {s.student}: {fmt(result.total)}/{fmt(lab.max_points)} in {result.seconds:.1f} s"
@@ -189,7 +192,7 @@ def write_outputs(out: Path, results: list[SubmissionResult], lab: LabSource) ->
         (out / "feedback" / f"{safe_name(r.student)}.md").write_text(markdown(r, lab), encoding="utf-8")
 
 
-def validate(lab_path: str | Path, out: str | Path, *, runs_out: str | Path | None = None,
+def validate(lab_path: LabSource | str | Path, out: str | Path, *, runs_out: str | Path | None = None,
              options: Options | None = None, echo: Callable[[str], None] = print
              ) -> tuple[SubmissionResult, SubmissionResult]:
     """Grade the lab's own solution (it must get full marks) and its unchanged student copy
@@ -198,12 +201,9 @@ def validate(lab_path: str | Path, out: str | Path, *, runs_out: str | Path | No
     The solution runs first; the runs it records (real jobs) are kept in `runs_out` (a
     folder under `out` when None) and handed to the student copy, so the lab's jobs run once.
     Pass the same folder to ``grade --runs`` to spare every submission the jobs as well.
+    `lab_path` may be the loaded lab source.
     """
-    import tempfile
-
-    from .notebook_source import dumps
-
-    lab = LabSource.load(lab_path)
+    lab = _load(lab_path)
     out = Path(out)
     runs_out = Path(runs_out) if runs_out is not None else out / "recorded-runs"
     options = options or Options()
@@ -213,10 +213,10 @@ def validate(lab_path: str | Path, out: str | Path, *, runs_out: str | Path | No
         second.mkdir()
         (first / "solution.ipynb").write_text(lab.path.read_text(encoding="utf-8"), encoding="utf-8")
         (second / "student_copy.ipynb").write_text(dumps(lab.student_copy()), encoding="utf-8")
-        solution = grade_batch(lab.path, first, out, workers=1, echo=echo, write=False,
+        solution = grade_batch(lab, first, out, workers=1, echo=echo, write=False,
                                options=replace(options, keep_runs=runs_out))[0]
         runs = runs_out if runs_out.exists() else options.runs
-        empty = grade_batch(lab.path, second, out, workers=1, echo=echo, write=False,
+        empty = grade_batch(lab, second, out, workers=1, echo=echo, write=False,
                             options=replace(options, runs=runs))[0]
     write_outputs(out, [solution, empty], lab)
     return solution, empty

@@ -163,64 +163,70 @@ def _end(processes: list[psutil.Process]) -> None:
 
 
 async def run_cells(cells: list[Cell], workdir: Path, env: dict[str, str], limits: Limits, *,
-                    on_outcome: Callable[[Cell, CellOutcome], None] | None = None,
                     log: Callable[[str], None] = lambda text: None) -> list[CellOutcome]:
     """Run `cells` in order in a fresh kernel; one outcome per cell, in the same order.
 
     A failing cell never stops the rest. After a timeout the kernel is interrupted; if it
     does not recover, or after the kernel died, a new kernel replays the cells that had
-    succeeded (silently) and execution continues after the failed cell.
+    succeeded (silently) and execution continues after the failed cell. After more than
+    `MAX_RESTARTS` restarts no kernel is started and the remaining cells are not run.
     """
-    session = KernelSession(workdir, env, limits)
+    session: KernelSession | None = KernelSession(workdir, env, limits)
     outcomes: list[CellOutcome] = []
     succeeded: list[Cell] = []
     restarts = 0
     await session.start()
     try:
         for cell in cells:
-            if restarts > MAX_RESTARTS:
-                outcome = CellOutcome("not_run", "NotRun", "too many kernel restarts")
-            else:
-                outcome = await session.run(cell.source, cell.timeout)
-                if outcome.status == "timeout" and not await session.responsive(cell.timeout):
-                    log(f"kernel did not recover from a timeout; restarting ({restarts + 1})")
-                    restarts += 1
-                    session = await _restart(session, succeeded, restarts, log)
-                elif outcome.status == "dead":
-                    log(f"kernel died; restarting ({restarts + 1})")
-                    restarts += 1
-                    session = await _restart(session, succeeded, restarts, log)
-                elif outcome.ok:
-                    succeeded.append(cell)
+            if session is None:
+                outcomes.append(CellOutcome("not_run", "NotRun", "too many kernel restarts"))
+                continue
+            outcome = await session.run(cell.source, cell.timeout)
+            if outcome.status == "dead" or (outcome.status == "timeout"
+                                            and not await session.responsive(cell.timeout)):
+                what = "kernel died" if outcome.status == "dead" else "kernel did not recover from a timeout"
+                restarts += 1
+                await session.stop()
+                session = None
+                if restarts > MAX_RESTARTS:
+                    log(f"{what}; too many restarts, the remaining cells are not run")
+                else:
+                    log(f"{what}; restarting ({restarts})")
+                    session = await _replayed(workdir, env, limits, succeeded, log)
+            elif outcome.ok:
+                succeeded.append(cell)
             outcomes.append(outcome)
-            if on_outcome is not None:
-                on_outcome(cell, outcome)
     finally:
-        await session.stop()
+        if session is not None:
+            await session.stop()
     return outcomes
 
 
-async def _restart(session: KernelSession, succeeded: list[Cell], restarts: int,
-                   log: Callable[[str], None]) -> KernelSession:
-    """A new kernel with the successful cells replayed; a cell failing in replay is dropped."""
-    await session.stop()
-    fresh = KernelSession(session.workdir, session.env, session.limits)
-    await fresh.start()
-    if restarts > MAX_RESTARTS:
-        return fresh
-    for cell in list(succeeded):
-        outcome = await fresh.run(cell.source, cell.timeout)
-        if not outcome.ok:
+async def _replayed(workdir: Path, env: dict[str, str], limits: Limits, succeeded: list[Cell],
+                    log: Callable[[str], None]) -> KernelSession:
+    """A new kernel in which the cells that had succeeded are replayed in order. A cell that
+    fails in replay is dropped from `succeeded`; if it also left the kernel unusable (timeout,
+    death), the replay starts over in another new kernel, so the cells before it run again."""
+    while True:
+        session = KernelSession(workdir, env, limits)
+        await session.start()
+        index = 0
+        while index < len(succeeded):
+            cell = succeeded[index]
+            outcome = await session.run(cell.source, cell.timeout)
+            if outcome.ok:
+                index += 1
+                continue
             log(f"replay: a cell that had succeeded now ended with {outcome.status}; dropped")
-            succeeded.remove(cell)
+            del succeeded[index]
             if outcome.status in ("timeout", "dead"):
-                await fresh.stop()
-                fresh = KernelSession(session.workdir, session.env, session.limits)
-                await fresh.start()
-    return fresh
+                break
+        else:
+            return session
+        await session.stop()  # replay again, from the first cell, in a new kernel
 
 
-def kernel_env(workdir: Path, project_root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+def kernel_env(workdir: Path, project_root: Path) -> dict[str, str]:
     """Environment of a grading kernel: the project importable, runs and IPython profile
     inside the submission's own working directory."""
     env = dict(os.environ)
@@ -229,5 +235,4 @@ def kernel_env(workdir: Path, project_root: Path, extra: dict[str, str] | None =
     env["IPYTHONDIR"] = str(workdir / ".ipython")
     env["MPLBACKEND"] = "Agg"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra or {})
     return env

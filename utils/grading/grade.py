@@ -20,7 +20,6 @@ grading id, cell id or unchanged source.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import re
@@ -34,7 +33,7 @@ import nbformat
 
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
-from .notebook_source import Check, LabSource, normalise
+from .notebook_source import KERNELSPEC, Check, LabSource, defined_names, normalise
 from .sandbox import Limits
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -104,11 +103,9 @@ def _defines(source: str, names: tuple[str, ...]) -> bool:
     if not names:
         return False
     try:
-        tree = ast.parse(source)
+        return any(name in names for name in defined_names(source))
     except SyntaxError:
         return any(re.search(rf"^(async\s+def|def|class)\s+{re.escape(n)}\b", source, re.M) for n in names)
-    return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in names
-               for node in tree.body)
 
 
 def check_source(check: Check) -> str:
@@ -209,6 +206,15 @@ class SubmissionResult:
     """Why grading itself failed (unreadable notebook, grader crash); scores are then 0."""
     seconds: float = 0.0
 
+    @classmethod
+    def failed(cls, lab: LabSource, student: str, error: str, *, why: str | None = None,
+               seconds: float = 0.0) -> SubmissionResult:
+        """A result with every check not run, because grading could not go on (`error`);
+        `why` is each check's message (default: `error`)."""
+        checks = [CheckResult(c.id, c.task, c.description, c.hidden, c.points, 0.0, "not_run", why or error)
+                  for c in lab.checks]
+        return cls(student, lab.name, checks=checks, error=error, seconds=seconds)
+
     def per_task(self, lab: LabSource) -> dict[str, float]:
         earned = {name: 0.0 for name in lab.tasks}
         for c in self.checks:
@@ -255,14 +261,12 @@ def grade_notebook(lab: LabSource, path: str | Path, student: str, options: Opti
 
 async def _grade(lab: LabSource, path: Path, student: str, options: Options, log) -> SubmissionResult:
     started = time.monotonic()
-    result = SubmissionResult(student=student, lab=lab.name)
     try:
         cells = read_submission(path)
     except ValueError as error:
-        result.error = str(error)
-        result.checks = [_unrun(c, "无法读取提交的 notebook") for c in lab.checks]
-        result.seconds = time.monotonic() - started
-        return result
+        return SubmissionResult.failed(lab, student, str(error), why="无法读取提交的 notebook",
+                                       seconds=time.monotonic() - started)
+    result = SubmissionResult(student=student, lab=lab.name)
     timeout = options.timeout or lab.cell_timeout or DEFAULT_CELL_TIMEOUT
     planned, result.notes = plan(lab, cells, timeout)
     result.review = sorted({t for p in planned if p.check is None for t in REVIEW_TOKENS if t in p.source})
@@ -304,11 +308,6 @@ def _record(result: SubmissionResult, p: Planned, outcome: CellOutcome) -> None:
         message="" if passed else explain_check(c, outcome, p.timeout), seconds=round(outcome.seconds, 3)))
 
 
-def _unrun(check: Check, why: str) -> CheckResult:
-    return CheckResult(check.id, check.task, check.description, check.hidden, check.points, 0.0,
-                       "not_run", why)
-
-
 def _save_executed(planned: list[Planned], outcomes: list[CellOutcome], path: Path, lab: LabSource) -> None:
     cells = []
     for p, outcome in zip(planned, outcomes):
@@ -318,7 +317,7 @@ def _save_executed(planned: list[Planned], outcomes: list[CellOutcome], path: Pa
                                         "check": p.check.id if p.check else None, "student_cell": p.number}
         cells.append(cell)
     nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    nb.metadata = {"kernelspec": dict(KERNELSPEC),
                    "grading": {"lab": lab.name, "executed_for_grading": True,
                                "warning": "contains hidden tests: instructors only"}}
     path.parent.mkdir(parents=True, exist_ok=True)

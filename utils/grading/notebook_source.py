@@ -67,7 +67,6 @@ class Check:
     """The full cell, public and hidden parts (what the grader runs)."""
     public_source: str | None
     """What the student copy shows, or None when the whole cell is hidden."""
-    cell_id: str
 
     @property
     def hidden(self) -> bool:
@@ -188,12 +187,10 @@ class LabSource:
         if stubbed == cell.source:
             raise SourceError(f"{where}: answer cell without a '### BEGIN SOLUTION' region")
         try:
-            tree = ast.parse(cell.source)
+            names = defined_names(cell.source)
             ast.parse(stubbed)
         except SyntaxError as error:
             raise SourceError(f"{where}: answer cell (or its stub) is not valid Python: {error}") from None
-        names = tuple(node.name for node in tree.body
-                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
         self.tasks[task] = Task(task, meta["id"], cell.get("id", meta["id"]), names)
         return task
 
@@ -237,7 +234,13 @@ def _parse_test(cell: NotebookNode, meta: dict, where: str) -> Check:
     except SyntaxError as error:
         raise SourceError(f"{where}: test cell (or its public part) is not valid Python: {error}") from None
     return Check(id=meta["id"], task=task, points=points, description=meta.get("description", ""),
-                 source=cell.source, public_source=public, cell_id=cell.get("id", meta["id"]))
+                 source=cell.source, public_source=public)
+
+
+def defined_names(source: str) -> tuple[str, ...]:
+    """The top-level functions and classes `source` defines, in order. Raises SyntaxError."""
+    return tuple(node.name for node in ast.parse(source).body
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
 
 
 def normalise(source: str) -> str:
