@@ -21,19 +21,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def job_spec(args):
+    from utils.spec import JobSpec
+
+    return JobSpec(model=args.model, num_stages=args.stages, micro_batches=args.micro_batches,
+                   steps=args.steps, device=args.device)
+
+
 def worker(args) -> None:
     import torch
 
+    from utils.cpu_setup import prepare_cpu_rank
     from utils.job import build_engine
     from utils.models import batches, get_model
-    from utils.spec import JobSpec
     from utils.tracing import CudaClock, HostClock, InstructionTracer
 
-    spec = JobSpec(model=args.model, num_stages=args.stages, micro_batches=args.micro_batches,
-                   steps=args.steps, device=args.device)
-    device = spec.resolved_device()
+    spec = job_spec(args)
+    device = args.device  # resolved by the parent, which set up this process's environment
     if device == "cpu":
-        torch.set_num_threads(1)
+        prepare_cpu_rank()  # as every rank of a real job
     model = get_model(spec.model, spec.model_options)
     engine = build_engine(spec, model, spec.boundaries())
     tracer = InstructionTracer(engine, stage=engine.stage_id, rank=int(os.environ["RANK"]),
@@ -69,15 +75,23 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    out = Path(tempfile.mkdtemp()) / "times.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
-    if args.device == "cuda":
-        env["DS_ACCELERATOR"] = "cuda"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={args.stages}", __file__, "--worker", f"--stages={args.stages}",
-                    f"--micro-batches={args.micro_batches}", f"--steps={args.steps}",
-                    f"--device={args.device}", f"--model={args.model}", f"--out={out}"],
-                   check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from utils.launch import _environment
+
+    spec = job_spec(args)
+    spec.check()
+    device = spec.resolved_device()
+    env, _ = _environment(spec, device)  # the environment utils.launch gives a real job's ranks
+    folder = Path(tempfile.mkdtemp(prefix="tracer-overhead-"))
+    out, log = folder / "times.json", folder / "ranks.log"
+    with open(log, "wb") as sink:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={args.stages}", __file__, "--worker",
+                               f"--stages={args.stages}", f"--micro-batches={args.micro_batches}",
+                               f"--steps={args.steps}", f"--device={device}", f"--model={args.model}",
+                               f"--out={out}"], env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        sys.exit(f"the job failed (exit code {done.returncode}); the end of {log}:\n"
+                 + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
     times = json.loads(out.read_text())
     traced, untraced = statistics.median(times["True"]), statistics.median(times["False"])
     print(f"steps per arm: {len(times['True'])} traced, {len(times['False'])} untraced "

@@ -9,7 +9,6 @@ from .metrics import Metrics, MetricsSummary, compute_metrics
 from .models import PRESETS, get_model
 from .partition import LayerMemory, bottleneck, partition, stage_costs
 from .profiling import LayerProfile, profile_for_job, profile_layers
-from .plots import compare_timelines, plot_memory, plot_stage_breakdown, plot_sweep, plot_timeline
 from .runs import Run, list_runs, runs_dir
 from .schedules import Action, Schedule, build, parse_action
 from .simulate import simulate
@@ -19,12 +18,18 @@ from .timeline import Event, Timeline
 from .whatif import best, predict, search_micro_batches, stage_costs_from_timeline
 
 
-def __getattr__(name):
-    # The widgets pull in ipywidgets: loaded on first use, so job processes never pay for it.
-    if name in ("RunPanel", "TimelineExplorer"):
-        from . import widgets
+#: Loaded on first use, so job processes (which import this package) never pay for plotly
+#: or ipywidgets.
+_LAZY = {"RunPanel": "widgets", "TimelineExplorer": "widgets", "compare_timelines": "plots",
+         "plot_memory": "plots", "plot_stage_breakdown": "plots", "plot_sweep": "plots",
+         "plot_timeline": "plots"}
 
-        return getattr(widgets, name)
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'utils' has no attribute {name!r}")
 
 

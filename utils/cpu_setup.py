@@ -21,7 +21,7 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["keep_freed_memory", "rank_threads"]
+__all__ = ["keep_freed_memory", "prepare_cpu_rank", "rank_threads"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -51,3 +51,13 @@ def keep_freed_memory() -> bool:
     # No mmap-served blocks, and never trim the heap top (2**31 - 1 bytes is the largest
     # threshold an int can carry; the steady working set of a rank is far below it).
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def prepare_cpu_rank() -> None:
+    """Set up this process as a CPU job rank: the torch thread count the launcher chose
+    (``OMP_NUM_THREADS``, see `rank_threads`) and the allocator the profiler measures with."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    keep_freed_memory()
+

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -101,6 +102,8 @@ def _fault_hook(spec, stage: int, is_first_replica: bool):
             print(message, flush=True)
             if fault.kind == "exit":
                 os._exit(3)
+            if fault.kind == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
             while True:  # "hang": block like a rank stuck in a collective
                 time.sleep(3600)
 
@@ -134,7 +137,7 @@ def _peak_memory(device: str) -> tuple[int, str]:
 
 
 def run(run_dir: Path) -> None:
-    from .cpu_setup import keep_freed_memory
+    from .cpu_setup import prepare_cpu_rank
     from .models import batches, get_model
     from .runs import write_json
     from .spec import JobSpec
@@ -145,11 +148,9 @@ def run(run_dir: Path) -> None:
     import torch
 
     if device == "cpu":
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        keep_freed_memory()  # as the profile does: steady steps, and a profile that predicts them
+        prepare_cpu_rank()  # threads, and the allocator the profile measured with
     model = get_model(spec.model, spec.model_options)
-    record = json.loads((run_dir / "partition.json").read_text())  # a dict; a bare list in older runs
-    engine = build_engine(spec, model, record["parts"] if isinstance(record, dict) else record)
+    engine = build_engine(spec, model, json.loads((run_dir / "partition.json").read_text())["parts"])
     stage, replica = engine.stage_id, engine.grid.data_parallel_id
     status = StatusSlot(run_dir / f"status-rank{RANK}")
     tracer = InstructionTracer(engine, stage=stage, rank=RANK, status=status,

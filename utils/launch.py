@@ -22,6 +22,7 @@ import os
 import re
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from .cpu_setup import rank_threads
-from .profiling import partition_record
+from .profiling import launch_profile, partition_record
 from .runs import Run, read_json, read_jsonl, runs_dir, write_json
 from .spec import JobSpec
 from .tracing import StatusSlot
@@ -41,8 +42,10 @@ POLL_SECONDS = 0.2
 TORCHRUN_GRACE = 10.0
 """Seconds torchrun gets to stop the other ranks and report exit codes after a failure."""
 #: One failed rank in torchrun's closing summary: "  rank      : 1 (local_rank: 1)" and
-#: on the next line "  exitcode  : 3 (pid: 123)".
+#: on the next line "  exitcode  : 3 (pid: 123)" (negative: killed by that signal).
 TORCHRUN_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+#: Where torchrun's summary names the failure it observed first.
+TORCHRUN_ROOT_CAUSE = "Root Cause (first observed failure)"
 PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
@@ -64,7 +67,7 @@ class RunningJob:
         self.started = time.time()
         self.state = "running"
         self.error: str | None = None
-        self._workers: dict[int, psutil.Process] = {}
+        self._started_ranks: set[int] = set()
 
     # --- observation ---------------------------------------------------------------------------
     def progress(self) -> list[dict]:
@@ -99,14 +102,15 @@ class RunningJob:
                 if (e := read_json(self.path / f"error-rank{r}.json")) is not None]
 
     def _track_workers(self) -> None:
-        """Remember which pid runs which rank, to tell later which rank vanished first."""
-        if len(self._workers) == self.spec.world_size:
+        """Remember which ranks have a process, so that a rank that died without a Python
+        error can be told from one that never started."""
+        if len(self._started_ranks) == self.spec.world_size:
             return
         try:
             for child in psutil.Process(self.process.pid).children():
                 rank = child.environ().get("RANK")
                 if rank is not None:
-                    self._workers[int(rank)] = child
+                    self._started_ranks.add(int(rank))
         except (psutil.Error, ValueError):
             pass
 
@@ -155,14 +159,22 @@ class RunningJob:
             return _describe_error(min(causes, key=lambda e: e["time"]), errors)
         log = (self.path / "launcher.log").read_text(errors="replace")
         exit_codes = {int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)}
+        _, _, root_cause = log.partition(TORCHRUN_ROOT_CAUSE)
+        first = [int(r) for r, _ in TORCHRUN_FAILURE.findall(root_cause)]
         reported = {e["rank"] for e in errors}
-        vanished = [r for r in sorted(self._workers)
+        # torchrun stops the surviving ranks with SIGTERM: those are consequences, not causes.
+        vanished = [r for r in first + sorted(self._started_ranks)
                     if r not in reported and not (self.path / f"result-rank{r}.json").exists()
-                    and exit_codes.get(r, 1) > 0]
+                    and exit_codes.get(r) != -signal.SIGTERM]
         if vanished:
             rank = vanished[0]
             code = exit_codes.get(rank)
-            how = f"died with exit code {code}" if code is not None else "died"
+            if code is None:
+                how = "died"
+            elif code < 0:
+                how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
+            else:
+                how = f"died with exit code {code}"
             after = f" (rank(s) {sorted(reported)} then lost their connection to it)" if reported else ""
             return (f"rank {rank} (stage {rank // self.spec.data_parallel}) {how} and no Python error{after}; "
                     f"the end of its log:\n{_tail(self.path / f'rank{rank}.log')}")
@@ -184,14 +196,16 @@ class RunningJob:
 
 def start_job(spec: JobSpec, *, directory: str | Path | None = None) -> RunningJob:
     """Check `spec`, create its run directory and start its processes."""
-    parts = spec.boundaries()  # also checks the spec
-    device = _check_device(spec)
+    spec.check()
+    device = _check_device(spec)  # before any profiling: a job that cannot start fails at once
+    profile = launch_profile(spec)  # chooses "profile" boundaries and predicts stage costs
+    parts = spec.boundaries(profile=profile)
     root = Path(directory) if directory else runs_dir()
     path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(spec.name or spec.model)}-{secrets.token_hex(3)}"
     path.mkdir(parents=True)
     (path / "spec.json").write_text(spec.to_json(), encoding="utf-8")
     # {"parts", "method", "predicted_stage_costs", "layer_costs", "profile"}: see partition_record
-    (path / "partition.json").write_text(json.dumps(partition_record(spec, parts)), encoding="utf-8")
+    (path / "partition.json").write_text(json.dumps(partition_record(spec, parts, profile)), encoding="utf-8")
 
     env, notes = _environment(spec, device)
     args = ["--standalone", f"--nproc-per-node={spec.world_size}", "-m", "utils.job", str(path)]

@@ -25,7 +25,7 @@ from statistics import median
 from .timeline import COMM_KINDS, COMPUTE_KINDS, Event, Timeline
 
 __all__ = ["Metrics", "MetricsSummary", "Spread", "compute_metrics", "interval_union",
-           "union_length"]
+           "replica_index", "transfer_intervals", "union_length"]
 
 #: A stage whose compute exceeds the mean stage compute by this factor is called the bottleneck.
 IMBALANCE_THRESHOLD = 1.10
@@ -225,7 +225,7 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
     step_time = max(e.end for e in events) - min(e.start for e in events)
     num_stages = timeline.num_stages
 
-    transfer = _transfer_intervals(events)
+    transfer = transfer_intervals(events)
     # Per rank: compute union, exposed comm, first/last compute.
     by_rank: dict[tuple[int, int], list[Event]] = {}
     for e in events:
@@ -286,7 +286,16 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
 _P2P_PAIRS = (("send_act", "recv_act", +1), ("send_grad", "recv_grad", -1))
 
 
-def _transfer_intervals(events: list[Event]) -> dict[int, Interval]:
+def replica_index(events: list[Event]) -> dict[tuple[int, int], int]:
+    """``(stage, rank) -> i``: the data-parallel replica a rank is within its stage, counting
+    the stage's ranks in order, so events of neighbouring stages pair up replica by replica."""
+    ranks_of: dict[int, set[int]] = {}
+    for e in events:
+        ranks_of.setdefault(e.stage, set()).add(e.rank)
+    return {(s, r): i for s, ranks in ranks_of.items() for i, r in enumerate(sorted(ranks))}
+
+
+def transfer_intervals(events: list[Event]) -> dict[int, Interval]:
     """For each send/recv whose partner is in `events`, the part of it that is transfer.
 
     DeepSpeed's point-to-point calls block: a recv posted before its neighbour reaches the
@@ -295,12 +304,7 @@ def _transfer_intervals(events: list[Event]) -> dict[int, Interval]:
     inside their calls. Keys are ``id(event)``; unmatched events (e.g. a simulated timeline
     or a neighbour's missing events) are left out and count whole.
     """
-    ranks_of: dict[int, list[int]] = {}
-    for e in events:
-        ranks_of.setdefault(e.stage, [])
-        if e.rank not in ranks_of[e.stage]:
-            ranks_of[e.stage].append(e.rank)
-    replica = {(s, r): i for s, ranks in ranks_of.items() for i, r in enumerate(sorted(ranks))}
+    replica = replica_index(events)
     index = {(e.kind, e.stage, replica[e.stage, e.rank], e.micro_batch, e.chunk): e
              for e in events if e.kind in COMM_KINDS}
     intervals: dict[int, Interval] = {}

@@ -57,8 +57,8 @@ from .cpu_setup import keep_freed_memory, rank_threads
 if TYPE_CHECKING:
     from .spec import JobSpec
 
-__all__ = ["LayerProfile", "cache_dir", "cached_profile", "partition_record", "profile_for_job",
-           "profile_layers"]
+__all__ = ["LayerProfile", "cache_dir", "cached_profile", "launch_profile", "partition_record",
+           "profile_for_job", "profile_layers"]
 
 #: Bump when the measurement method changes, so older cached profiles are not reused.
 PROFILE_VERSION = 2
@@ -261,7 +261,7 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
                    micro_batch_size: int = 4, device: str = "auto", threads: int | None = None,
                    warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
                    seed: int = DEFAULT_SEED,
-                   cache: bool = True) -> LayerProfile:
+                   cache: bool = True, measure: bool = True) -> LayerProfile | None:
     """Measure every layer of preset `model` on `device`, forward and backward.
 
     Args:
@@ -277,9 +277,12 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
         seed: seeds the layers (``seed + index``, as ``seed_layers=True`` does) and the batch.
         cache: reuse a cached profile with the same key if there is one, and store a new
             one; False always measures (and refreshes the cache).
+        measure: False returns the cached profile, or None where there is none, and never
+            measures.
 
     Returns:
-        A `LayerProfile`; ``profile.total`` is the per-layer cost to partition on.
+        A `LayerProfile` (None only with ``measure=False`` and nothing cached);
+        ``profile.total`` is the per-layer cost to partition on.
     """
     from .models import get_model
 
@@ -300,30 +303,28 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
         found = _read_cache(path, key)
         if found is not None:
             return found
+    if not measure:
+        return None
     profile = _measure(resolved, key)
     _write_cache(path, key, profile)
     return profile
 
 
-def profile_for_job(spec: JobSpec, *, cache: bool = True) -> LayerProfile:
+def profile_for_job(spec: JobSpec, *, cache: bool = True, measure: bool = True) -> LayerProfile | None:
     """The profile that matches job `spec`: its model, micro-batch size, device, seed and,
-    on CPU, the thread count each of its ranks gets."""
-    return profile_layers(spec.model, model_options=spec.model_options, cache=cache, **_job_args(spec))
+    on CPU, the thread count each of its ranks gets (`profile_layers` for the arguments)."""
+    return profile_layers(spec.model, model_options=spec.model_options, cache=cache, measure=measure,
+                          **_job_args(spec))
 
 
 def cached_profile(spec: JobSpec) -> LayerProfile | None:
-    """`profile_for_job(spec)` if it is already cached, else None; never measures."""
-    from .models import get_model
+    """`profile_for_job(spec)` if it is already cached, else None; never measures (and never
+    fails for a GPU job looked up on a machine without one)."""
+    import torch
 
-    args = _job_args(spec)
-    if args["device"] == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-    key = _key(spec.model, get_model(spec.model, spec.model_options).options,
-               warmup=DEFAULT_WARMUP, repeats=DEFAULT_REPEATS, **args)
-    return _read_cache(_cache_path(key), key)
+    if spec.resolved_device() == "cuda" and not torch.cuda.is_available():
+        return None
+    return profile_for_job(spec, measure=False)
 
 
 def _job_args(spec: JobSpec) -> dict[str, Any]:
@@ -343,17 +344,18 @@ def _key(model: str, options: Mapping[str, Any], *, micro_batch_size: int, devic
             "seed": seed}
 
 
-def partition_record(spec: JobSpec, parts: Sequence[int]) -> dict[str, Any]:
-    """What ``partition.json`` of a run holds: the boundaries, how they were chosen, and the
-    predicted forward + backward seconds per micro-batch of each stage.
+def launch_profile(spec: JobSpec) -> LayerProfile | None:
+    """The layer profile a launch of `spec` uses: for ``partition="profile"`` the one that
+    chooses its boundaries (measured if not cached); for other methods the cached one if
+    there is one — a run is never delayed to measure a profile it does not need."""
+    return profile_for_job(spec) if spec.partition == "profile" else cached_profile(spec)
 
-    The prediction comes from the job's layer profile: always for ``partition="profile"``
-    (the profile chose the boundaries), and for other methods only when that profile is
-    already cached — a run is never delayed to measure one. Without it the predicted costs
-    are None.
-    """
+
+def partition_record(spec: JobSpec, parts: Sequence[int], profile: LayerProfile | None) -> dict[str, Any]:
+    """What ``partition.json`` of a run holds: the boundaries, how they were chosen, and the
+    predicted forward + backward seconds per micro-batch of each stage from `profile`
+    (`launch_profile(spec)`; None records no prediction)."""
     method = spec.partition if isinstance(spec.partition, str) else "explicit"
-    profile = profile_for_job(spec) if method == "profile" else cached_profile(spec)
     return {
         "parts": [int(b) for b in parts],
         "method": method,
@@ -398,6 +400,9 @@ class _Timer:
 
 
 def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
+    import random
+
+    import numpy
     import torch
 
     from .metrics import Spread
@@ -406,6 +411,7 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
     device, threads, seed = key["device"], key["threads"], key["seed"]
     warmup, repeats = key["warmup"], key["repeats"]
     previous_threads = torch.get_num_threads()
+    python_rng, numpy_rng = random.getstate(), numpy.random.get_state()  # seed_layer reseeds them
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
     try:
         if threads is not None:
@@ -413,10 +419,7 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
         if device == "cpu":
             keep_freed_memory()
         with torch.random.fork_rng(devices=rng_devices):  # leave the caller's RNG untouched
-            layers = []
-            for index, layer in enumerate(model.layers):
-                torch.manual_seed(seed + index)  # what seed_layers=True does before each layer
-                layers.append(layer.build().to(device).train())
+            layers = list(model.build_sequential(seed=seed).to(device).train())  # seeded as a job's
             inputs, labels = next(batches(model, seed=seed, micro_batch_size=key["micro_batch_size"]))
             inputs, labels = inputs.to(device), labels.to(device)
             # The input each layer sees in the job: the previous layer's output on a real batch.
@@ -461,7 +464,7 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
                 micro_batch_size=key["micro_batch_size"], device=device,
                 device_name=key["device_name"], threads=threads, torch_version=key["torch"],
                 warmup=warmup, repeats=repeats, seed=seed,
-                layer_names=[layer.name for layer in model.layers],
+                layer_names=model.layer_names,
                 forward=[s.median for s in fs], backward=[s.median for s in bs],
                 forward_iqr=[s.iqr for s in fs], backward_iqr=[s.iqr for s in bs],
                 forward_samples=fwd, backward_samples=bwd,
@@ -473,6 +476,8 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
                 timer.cpu_seconds / (sum(map(sum, fwd)) + sum(map(sum, bwd))) / (threads or 1))
     finally:
         torch.set_num_threads(previous_threads)
+        random.setstate(python_rng)
+        numpy.random.set_state(numpy_rng)
 
 
 # --- the cache -----------------------------------------------------------------------------
@@ -483,8 +488,8 @@ def _cache_path(key: Mapping[str, Any]) -> Path:
 
 _written: dict[Path, LayerProfile] = {}
 """Profiles this process measured, by cache file: the fallback when the file cannot be
-written or read, so a launch that profiles for its boundaries and then records their
-prediction uses one and the same profile."""
+written or read, so a notebook on a read-only home does not measure the same profile again
+for every run."""
 
 
 def _read_cache(path: Path, key: Mapping[str, Any]) -> LayerProfile | None:

@@ -135,29 +135,29 @@ class Run:
         per_rank = [[row["seconds"] for row in self.progress(r)] for r in self.ranks]
         return [max(times) for times in zip(*per_rank)] if per_rank else []
 
+    @cached_property
+    def partition_record(self) -> dict:
+        """``partition.json``: the boundaries, how they were chosen and the predicted stage
+        costs (`utils.profiling.partition_record`)."""
+        return read_json(self.path / "partition.json")
+
     @property
     def parts(self) -> list[int]:
         """Stage boundaries ``[0, b1, ..., n_layers]`` the job ran with."""
-        record = read_json(self.path / "partition.json")
-        return record["parts"] if isinstance(record, dict) else record  # a bare list in older runs
+        return self.partition_record["parts"]
 
     @property
     def predicted_stage_costs(self) -> list[float] | None:
         """Forward + backward seconds per micro-batch of each stage, predicted before launch
-        from the job's layer profile (`utils.profiling.partition_record`): always present for
-        ``partition="profile"``, for other methods only if the profile was already cached;
-        None otherwise (and for runs recorded before predictions existed)."""
-        record = read_json(self.path / "partition.json")
-        return record.get("predicted_stage_costs") if isinstance(record, dict) else None
+        from the job's layer profile: always present for ``partition="profile"``, for other
+        methods only if the profile was already cached, else None."""
+        return self.partition_record["predicted_stage_costs"]
 
     @property
     def partition_method(self) -> str:
         """How the boundaries were chosen: ``"uniform"``, ``"parameters"``, ``"profile"`` or
         ``"explicit"``."""
-        record = read_json(self.path / "partition.json")
-        if isinstance(record, dict):
-            return record["method"]
-        return self.spec.partition if isinstance(self.spec.partition, str) else "explicit"
+        return self.partition_record["method"]
 
     @property
     def peak_memory(self) -> dict[int, int]:

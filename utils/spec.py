@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .models import get_model
 from .tracing import KIND_OF_INSTRUCTION
+
+if TYPE_CHECKING:
+    from .profiling import LayerProfile
 
 SCHEDULES = ("1f1b", "gpipe")
 PARTITION_METHODS = ("uniform", "parameters", "profile")
@@ -22,7 +25,7 @@ PARTITION_METHODS = ("uniform", "parameters", "profile")
 (measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
 DeepSpeed's ``type:REGEX`` is left out on purpose (see `JobSpec.boundaries`)."""
 DEVICES = ("auto", "cpu", "cuda")
-FAULT_KINDS = ("raise", "hang", "exit")
+FAULT_KINDS = ("raise", "hang", "exit", "killed")
 INSTRUCTIONS = tuple(KIND_OF_INSTRUCTION.values())
 """Event kinds of the instructions DeepSpeed's engine executes (where a fault can be injected)."""
 
@@ -33,7 +36,9 @@ class Fault:
     launcher copes): the first rank of `stage` fails when it starts `instruction` in `step`."""
 
     kind: str = "raise"
-    """``"raise"``: an exception; ``"hang"``: sleep forever; ``"exit"``: the process dies."""
+    """``"raise"``: an exception; ``"hang"``: sleep forever; ``"exit"``: the process dies
+    (exit code 3); ``"killed"``: the process is killed by SIGKILL, as the kernel's
+    out-of-memory killer does."""
     stage: int = 0
     """Pipeline stage whose first rank fails."""
     step: int = 0
@@ -103,14 +108,14 @@ class JobSpec:
     def for_this_machine(cls, **fields) -> JobSpec:
         """A spec sized for where it runs, from one code path: with at least
         num_stages × data_parallel GPUs the GPU-sized ``gpt-large`` on CUDA, else the
-        CPU-sized ``gpt`` on CPU. Fields given explicitly always win."""
+        CPU-sized ``gpt`` on CPU. Fields given explicitly always win, and an explicit
+        ``device`` also picks the model that fits it."""
         import torch
 
-        spec = cls(**fields)
-        if torch.cuda.device_count() >= spec.world_size:
-            defaults = {"model": "gpt-large", "device": "cuda"}
-        else:
-            defaults = {"model": "gpt", "device": "cpu"}
+        device = fields.get("device", "auto")
+        if device == "auto":
+            device = "cuda" if torch.cuda.device_count() >= cls(**fields).world_size else "cpu"
+        defaults = {"model": "gpt-large" if device == "cuda" else "gpt", "device": device}
         return cls(**{**defaults, **fields})
 
     # --- checking ------------------------------------------------------------------------------
@@ -171,7 +176,7 @@ class JobSpec:
         if f.instruction not in INSTRUCTIONS:
             raise ValueError(f"unknown fault instruction {f.instruction!r}; choose one of {INSTRUCTIONS}")
 
-    def boundaries(self) -> list[int]:
+    def boundaries(self, *, profile: LayerProfile | None = None) -> list[int]:
         """The stage boundaries ``[0, b1, ..., n_layers]`` this job will use.
 
         They are computed here, before launch, with DeepSpeed's own algorithms, and every rank
@@ -179,11 +184,12 @@ class JobSpec:
         DeepSpeed 0.19.8's ``partition_method="parameters"`` with ``seed_layers=True`` crashes
         on Python >= 3.11 (its boundaries are numpy integers, which ``random.seed`` rejects).
 
-        ``"profile"`` profiles the layers (or reuses the cached profile) with the job's
-        micro-batch size, device and per-rank thread count (`utils.profiling.profile_for_job`)
-        and returns ``partition(profile.total, num_stages, method="balanced")``: the
-        boundaries whose slowest stage is as fast as the measured costs allow. DeepSpeed's own
-        ``partition_method="profile"`` raises NotImplementedError.
+        ``"profile"`` partitions the job's layer profile with ``method="balanced"``
+        (`LayerProfile.balanced`): the boundaries whose slowest stage is as fast as the
+        measured costs allow. `profile` is that profile if the caller already has it (the
+        launcher does); by default `utils.profiling.profile_for_job` measures it or reuses
+        the cached one. DeepSpeed's own ``partition_method="profile"`` raises
+        NotImplementedError.
         """
         from .partition import partition
 
@@ -191,9 +197,11 @@ class JobSpec:
         if not isinstance(self.partition, str):
             return [int(b) for b in self.partition]
         if self.partition == "profile":
-            from .profiling import profile_for_job
+            if profile is None:
+                from .profiling import profile_for_job
 
-            return partition(profile_for_job(self).total, self.num_stages, method="balanced")
+                profile = profile_for_job(self)
+            return profile.balanced(self.num_stages)
         params = get_model(self.model, self.model_options).param_counts()
         if self.partition == "uniform":
             return partition(params, self.num_stages, method="uniform")

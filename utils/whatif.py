@@ -23,7 +23,7 @@ from statistics import median
 
 from .schedules import SCHEDULES, build
 from .simulate import Costs, simulate
-from .metrics import _transfer_intervals
+from .metrics import replica_index, transfer_intervals
 from .timeline import COMM_KINDS, Timeline
 
 PerStage = float | Sequence[float]
@@ -86,7 +86,7 @@ def stage_costs_from_timeline(timeline: Timeline, step: int | None = None) -> St
     split = any(e.kind == "backward_weight" for e in events)
     bwd_kind = "backward_input" if split else "backward"
     transfer = {key: interval for st in steps
-                for key, interval in _transfer_intervals([e for e in events if e.step == st]).items()}
+                for key, interval in transfer_intervals([e for e in events if e.step == st]).items()}
     durations: dict[tuple[str, int], list[float]] = {}
     for e in events:
         start, end = transfer.get(id(e), (e.start, e.end))
@@ -114,8 +114,7 @@ def stage_costs_from_timeline(timeline: Timeline, step: int | None = None) -> St
 
 def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
     """Median gap producer end -> consumer start across ranks, preferring waiting consumers."""
-    replicas = {s: sorted({e.rank for e in events if e.stage == s}) for s in range(p)}
-    replica = {(s, r): i for s, ranks in replicas.items() for i, r in enumerate(ranks)}
+    replica = replica_index(events)
     compute, previous_end = {}, {}
     by_rank: dict[tuple[int, int], list] = {}
     for e in events:

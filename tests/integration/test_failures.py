@@ -43,6 +43,14 @@ def test_a_dying_rank_is_named(runs_root):
     assert processes_of(caught.value.run.path) == []
 
 
+def test_a_rank_killed_by_a_signal_is_named(runs_root):
+    """As the kernel's out-of-memory killer does: SIGKILL, no Python error, no error file."""
+    with pytest.raises(JobFailed) as caught:
+        run_job(_failing("killed"), progress=False)
+    assert "rank 1 (stage 1) was killed by SIGKILL (exit code -9)" in str(caught.value)
+    assert processes_of(caught.value.run.path) == []
+
+
 def test_a_hang_is_ended_by_the_timeout_and_located(runs_root):
     started = time.time()
     with pytest.raises(JobFailed) as caught:

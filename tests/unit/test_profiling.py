@@ -5,6 +5,7 @@ Measurements here run a tiny preset in this process (a fraction of a second); no
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -159,7 +160,9 @@ def test_partition_profile_balances_the_measured_costs(monkeypatch):
     spec.check()
     assert spec.boundaries() == partition(costs, 2, method="balanced") == [0, 6, 8]
     assert seen == [spec]
-    record = partition_record(spec, spec.boundaries())
+    profile = profiling.launch_profile(spec)  # the launcher's path: one lookup for both uses
+    record = partition_record(spec, spec.boundaries(profile=profile), profile)
+    assert len(seen) == 2
     assert record["method"] == "profile" and record["parts"] == [0, 6, 8]
     assert record["predicted_stage_costs"] == pytest.approx([0.11, 0.12])
     assert record["layer_costs"] == pytest.approx(costs)
@@ -177,27 +180,38 @@ def test_profile_for_job_uses_the_jobs_conditions(monkeypatch):
 
 def test_other_methods_predict_only_from_a_cached_profile(measurements):
     spec = JobSpec(**FAST_JOB, partition="parameters")
-    record = partition_record(spec, spec.boundaries())
+    assert profiling.launch_profile(spec) is None
+    record = partition_record(spec, spec.boundaries(), None)
     assert record["method"] == "parameters" and record["predicted_stage_costs"] is None
     assert not measurements  # launching never measures for a method that does not need it
     profile = profile_for_job(spec)  # now it is cached
-    record = partition_record(spec, [0, 1, 4])
+    assert profiling.launch_profile(spec) == replace(profile, cached=True)
+    record = partition_record(spec, [0, 1, 4], profiling.launch_profile(spec))
     assert record["predicted_stage_costs"] == pytest.approx(profile.stage_costs([0, 1, 4]))
     explicit = JobSpec(**{**FAST_JOB, "partition": [0, 2, 4]})
-    assert partition_record(explicit, explicit.boundaries())["method"] == "explicit"
+    assert partition_record(explicit, explicit.boundaries(), None)["method"] == "explicit"
 
 
 FAST_JOB = {"model_options": TINY, "micro_batch_size": 2, "device": "cpu", "num_stages": 2}
 
 
-@pytest.mark.parametrize("stored, parts, method, predicted", [
-    ([0, 1, 4], [0, 1, 4], "parameters", None),  # a run recorded before predictions existed
-    ({"parts": [0, 3, 4], "method": "profile", "predicted_stage_costs": [0.5, 0.25],
-      "layer_costs": None, "profile": None}, [0, 3, 4], "profile", [0.5, 0.25]),
-])
-def test_run_reads_both_partition_formats(tmp_path, stored, parts, method, predicted):
+def test_run_reads_its_partition_record(tmp_path):
+    stored = {"parts": [0, 3, 4], "method": "profile", "predicted_stage_costs": [0.5, 0.25],
+              "layer_costs": None, "profile": None}
     (tmp_path / "spec.json").write_text(JobSpec(**FAST_JOB).to_json())
     (tmp_path / "partition.json").write_text(json.dumps(stored))
     run = Run.load(tmp_path)
-    assert run.parts == parts and run.partition_method == method
-    assert run.predicted_stage_costs == predicted
+    assert run.parts == [0, 3, 4] and run.partition_method == "profile"
+    assert run.predicted_stage_costs == [0.5, 0.25]
+
+
+def test_a_job_that_cannot_start_is_refused_before_it_is_profiled(measurements, tmp_path):
+    from utils.launch import start_job
+
+    gpus = torch.cuda.device_count()
+    spec = JobSpec(**{**FAST_JOB, "device": "cuda", "num_stages": 2, "data_parallel": gpus + 1},
+                   partition="profile")
+    with pytest.raises(ValueError, match="GPUs"):
+        start_job(spec, directory=tmp_path)
+    assert not measurements and not list(tmp_path.iterdir())
+

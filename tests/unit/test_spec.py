@@ -63,3 +63,15 @@ def test_spec_round_trips_through_json():
     assert JobSpec.from_dict(json.loads(spec.to_json())) == spec
     with pytest.raises(ValueError, match="unknown JobSpec field"):
         JobSpec.from_dict({"pipe_parallel_size": 4})
+
+
+def test_for_this_machine_fits_the_model_to_the_device(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert JobSpec.for_this_machine(num_stages=2).model == "gpt-large"
+    on_cpu = JobSpec.for_this_machine(num_stages=2, device="cpu")
+    assert (on_cpu.model, on_cpu.device) == ("gpt", "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert (JobSpec.for_this_machine(num_stages=2).model, JobSpec.for_this_machine(num_stages=2).device) == ("gpt", "cpu")
+    assert JobSpec.for_this_machine(num_stages=2, model="mlp").model == "mlp"
