@@ -310,28 +310,43 @@ def plot_sweep(x: Sequence[float], y: Sequence[float] | Sequence[Sequence[float]
     return fig
 
 
+#: Units `plot_memory` accepts: byte units (values are bytes, scaled) and count units
+#: (values are plain numbers, e.g. the micro-batches of activations a simulation holds).
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+COUNT_UNITS = ("micro-batches",)
+
+
 def plot_memory(series: Mapping[int | str, Sequence[tuple[float, float]]], *,
                 title: str = "Activation memory over time", unit: str = "MiB",
-                limit_bytes: float | None = None) -> go.Figure:
+                limit_bytes: float | None = None, y_title: str | None = None) -> go.Figure:
     """Memory over time, one step line per rank (or stage).
 
-    `series` maps a rank (int, shown as ``rank r``) or any label to ``(time_s, bytes)``
-    samples; memory is held constant between samples. `limit_bytes` draws a budget line.
+    `series` maps a rank (int, shown as ``rank r``) or any label to ``(time_s, value)``
+    samples; memory is held constant between samples. `unit` is a byte unit (``"B"``,
+    ``"KiB"``, ``"MiB"``, ``"GiB"``: values are bytes, shown scaled) or ``"micro-batches"``
+    (values are counts, e.g. ``utils.simulate(...)`` without ``activation_bytes``, shown as
+    they are). `limit_bytes` draws a budget line, in the same units as the values (bytes, or
+    micro-batches). `y_title` replaces the y-axis title (default ``memory (MiB)`` or
+    ``activations (micro-batches)``), e.g. to say what one counted unit is.
     """
-    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-    if unit not in scale:
-        raise ValueError(f"unit must be one of {list(scale)}, got {unit!r}")
+    if unit in BYTE_UNITS:
+        scale, axis = BYTE_UNITS[unit], f"memory ({unit})"
+    elif unit in COUNT_UNITS:
+        scale, axis = 1, f"activations ({unit})"
+    else:
+        raise ValueError(f"unit must be one of {list(BYTE_UNITS) + list(COUNT_UNITS)}, "
+                         f"got {unit!r}")
     fig = go.Figure()
     for key, samples in series.items():
         pts = sorted(samples)
         fig.add_trace(go.Scatter(
-            x=[t * 1e3 for t, _ in pts], y=[v / scale[unit] for _, v in pts],
+            x=[t * 1e3 for t, _ in pts], y=[v / scale for _, v in pts],
             mode="lines", line_shape="hv", name=f"rank {key}" if isinstance(key, int) else key,
             hovertemplate=f"%{{x:.3f}} ms<br>%{{y:.2f}} {unit}<extra>%{{fullData.name}}</extra>"))
     if limit_bytes is not None:
-        fig.add_hline(y=limit_bytes / scale[unit], line_dash="dot", line_color="#E45756",
+        fig.add_hline(y=limit_bytes / scale, line_dash="dot", line_color="#E45756",
                       annotation_text="budget", annotation_position="top left")
     fig.update_layout(title=title, template=_TEMPLATE, height=400,
                       xaxis={"title": {"text": "time (ms)"}},
-                      yaxis={"title": {"text": f"memory ({unit})"}})
+                      yaxis={"title": {"text": axis if y_title is None else y_title}})
     return fig

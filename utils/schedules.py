@@ -309,6 +309,24 @@ class Schedule:
                 held.discard((a.stage, a.micro_batch))
         return peak
 
+    def compute_order(self, rank: int) -> list[str]:
+        """Rank `rank`'s compute actions in order as short labels, e.g. ``['F0', 'F1', 'B0']``.
+
+        The same format as `Timeline.compute_order` (kind letter F, B, I or W, then the
+        micro-batch), so a schedule can be compared directly with a traced or simulated run.
+        The labels do not say which model chunk an action belongs to, so schedules with
+        several chunks per rank are refused: use ``str(action)`` (e.g. ``"4F0"``) for those.
+        """
+        if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+            raise TypeError(f"rank must be an integer, got {rank!r}")
+        if not 0 <= rank < self.num_stages:
+            raise ValueError(f"rank must be in 0..{self.num_stages - 1}, got {rank}")
+        if self.chunks > 1:
+            raise ValueError(f"schedule {self.name!r} runs {self.chunks} chunks per rank; "
+                             "'F0'-style labels cannot tell them apart, use str(action) "
+                             "(e.g. '4F0') instead")
+        return [f"{KIND_LETTER[a.kind]}{a.micro_batch}" for a in self.actions[rank]]
+
     def grid(self) -> list[list[str]]:
         """Time-slot x rank table of action strings ("" = idle), from a unit-cost run.
 

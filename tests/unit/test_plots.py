@@ -143,8 +143,24 @@ def test_memory_plot(tmp_path):
     assert fig.data[0].line.shape == "hv" and list(fig.data[0].y) == [0, 1, 0]
     fig.write_html(tmp_path / "memory.html")
     assert (tmp_path / "memory.html").stat().st_size > 0
+    assert fig.layout.yaxis.title.text == "memory (MiB)"
     with pytest.raises(ValueError, match="unit"):
         plot_memory({}, unit="MB")
+
+
+def test_memory_plot_counts_micro_batches():
+    held = {"stage 0": [(0.0, 0), (0.001, 1), (0.002, 2.5), (0.004, 0)]}
+    fig = plot_memory(held, unit="micro-batches", limit_bytes=4)
+    assert list(fig.data[0].y) == [0, 1, 2.5, 0]                   # counts are not scaled
+    assert fig.layout.yaxis.title.text == "activations (micro-batches)"
+    assert "B" not in fig.layout.yaxis.title.text
+    assert "micro-batches" in fig.data[0].hovertemplate
+    assert fig.layout.shapes[0].y0 == 4                           # budget in the same unit
+    titled = plot_memory(held, unit="micro-batches", y_title="激活（完整阶段的微批数）")
+    assert titled.layout.yaxis.title.text == "激活（完整阶段的微批数）"
+    assert plot_memory(held, unit="B", y_title="bytes").layout.yaxis.title.text == "bytes"
+    with pytest.raises(ValueError, match="micro-batches"):
+        plot_memory(held, unit="microbatches")
 
 
 def test_every_kind_has_a_colour():

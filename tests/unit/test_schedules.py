@@ -78,8 +78,7 @@ def test_1f1b_equals_deepspeed_train_schedule():
         for m in range(1, 11):
             s = build("1f1b", p, m)
             for stage in range(p):
-                ours = [str(a)[len(str(stage)):] for a in s.actions[stage]]
-                assert ours == _deepspeed_order(p, m, stage), (p, m, stage)
+                assert s.compute_order(stage) == _deepspeed_order(p, m, stage), (p, m, stage)
 
 
 def _torch_order(cls, p: int, m: int, chunks: int) -> dict[int, list[str]]:
@@ -110,6 +109,34 @@ def test_zb_h1_equals_torch_zero_bubble_with_one_chunk(p, m):
     expected = _torch_order(ScheduleInterleavedZeroBubble, p, m, 1)
     ours = build("zb-h1", p, m)
     assert {r: [str(a) for a in row] for r, row in enumerate(ours.actions)} == expected
+
+
+# --- compute order ---------------------------------------------------------------------------------
+def test_compute_order_labels_kind_and_micro_batch():
+    assert build("gpipe", 2, 3).compute_order(1) == ["F0", "F1", "F2", "B0", "B1", "B2"]
+    assert build("1f1b", 3, 4).compute_order(0) == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+    assert build("1f1b", 3, 4).compute_order(2) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    assert build("zb-h1", 2, 2).compute_order(1) == ["F0", "I0", "F1", "I1", "W0", "W1"]
+    hand = Schedule.from_strings(["0F0 0F1 0B1 0B0", "1F0 1B0 1F1 1B1"])
+    assert hand.compute_order(0) == ["F0", "F1", "B1", "B0"]  # the listed order, not sorted
+    with pytest.raises(ValueError, match="chunks per rank"):
+        build("interleaved-1f1b", 2, 4, chunks=2).compute_order(0)
+    with pytest.raises(ValueError, match="rank must be in 0..1"):
+        build("1f1b", 2, 4).compute_order(2)
+    with pytest.raises(ValueError, match="rank must be in 0..1"):
+        build("1f1b", 2, 4).compute_order(-1)
+    with pytest.raises(TypeError):
+        build("1f1b", 2, 4).compute_order(0.0)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])
+def test_compute_order_matches_timeline_compute_order(name):
+    from utils.simulate import simulate
+
+    s = build(name, 4, 6)
+    timeline = simulate(s, 0.001, 0.002, weight=0.001 if name == "zb-h1" else None)
+    for rank in range(4):
+        assert s.compute_order(rank) == timeline.compute_order(rank, 0)
 
 
 # --- activations in flight -----------------------------------------------------------------------
