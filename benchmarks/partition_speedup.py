@@ -1,18 +1,28 @@
 """Profile-guided partitioning against DeepSpeed's methods, on real jobs, as ratios.
 
-    python benchmarks/partition_speedup.py [--stages 2 4] [--rounds 3] [--micro-batches 8]
+    python benchmarks/partition_speedup.py [--stages 2 4] [--micro-batches 16 32] [--rounds 5]
                                            [--steps 6] [--device cpu] [--model gpt]
                                            [--model-options '{"blocks": 6}'] [--profile-once]
 
-For each stage count it runs the same job with ``partition="uniform"``, ``"parameters"`` and
-``"profile"``, interleaved round by round so that load from other processes hits all three
-alike, and in an order that rotates each round (uniform, parameters, profile; parameters,
-profile, uniform; ...) because the first run after a profile measured slower in every round
-of a fixed order. Before every round it profiles the
-layers afresh under the conditions a job rank gets (`utils.profiling.profile_for_job`,
-``cache=False``), so the profile and the runs it predicts see the machine in the same state
-(``--profile-once``: one profile per stage count, as a learner would use it). The profile
-run of the round partitions on that profile, and every run records its prediction from it.
+For each stage count and micro-batch count it runs the same job with
+``partition="uniform"``, ``"parameters"`` and ``"profile"``, interleaved round by round so
+that load from other processes hits all three alike, and in an order that rotates each
+round (uniform, parameters, profile; parameters, profile, uniform; ...) because the first run
+after a profile measured slower in every round of a fixed order. Right before each profile
+run it profiles the layers afresh under the conditions the job's ranks get
+(`utils.profiling.profile_for_job`, ``cache=False``: the rank's thread count, as many
+processes measuring at once as the job has ranks), because a shared VM's speed drifts by
+tens of percent within a minute and a profile only predicts the machine it saw
+(``--profile-once``: one profile per configuration, as a learner would reuse it). The
+profile run partitions on that profile, and every run records its prediction from the
+latest one.
+
+16 micro-batches by default: fill and drain cost about (p - 1) micro-batch times whatever
+the partition, so few micro-batches dilute what a better partition gains. Each profile
+prints that ceiling: the parameters / balanced step-time ratio its own costs imply for 1F1B
+(`utils.theory.makespan_estimate`); ``--micro-batches 16 32`` shows the measured ratio
+approach it as m grows.
+
 It prints per run and per method:
 
 - the step time: median over the steps after step 0 (step 0 pays one-off warm-up costs);
@@ -21,18 +31,20 @@ It prints per run and per method:
   against the prediction recorded before launch (predicted per-micro-batch cost of that
   stage × micro-batches), as a relative error;
 - the share of the machine's CPU time the hypervisor took for other guests while the run
-  ran (``steal`` in /proc/stat): on a shared VM it is the largest single source of noise;
+  ran (``steal`` in /proc/stat). The host's speed also drifts with no steal at all (a
+  neighbour on the same physical core): the A/A ratio below shows how much;
 - a CPU-time cross-check of the same: each rank's CPU seconds per step (sampled with psutil)
   against the prediction × the share of a core the profile got. On a shared machine the
-  wall-clock error mostly measures waiting for a core; this shows what is left without it
+  wall-clock error partly measures waiting for a core; this shows what is left without it
   (biased high by the rank's optimizer, load and send/recv work).
 
 With 2 stages, uniform and parameters give the same boundaries on the default gpt, so their
 step-time ratio within a round is an A/A test: the run-to-run noise of this machine.
 
-Targets (judged on all rounds; quiet rounds are summarised apart): profile >= 1.2x faster than parameters on 2 CPU stages; measured slowest-stage
-compute within 15 % of the prediction. The machine's load average is printed at the start,
-after every round and at the end: on a shared machine it explains most of the noise.
+Targets (judged on the median over all rounds; rounds without steal are summarised apart):
+profile >= 1.2x faster than parameters on 2 CPU stages; measured slowest-stage compute
+within 15 % of the prediction. The machine's load average is printed at the start, after
+every round and at the end.
 """
 
 import argparse
@@ -141,115 +153,150 @@ def ms(values) -> str:
     return "[" + ", ".join(f"{v * 1e3:.0f}" for v in values) + "]"
 
 
+def ideal_ratio(profile, stages: int, micro_batches: int) -> float:
+    """parameters / balanced step time that the profile's costs imply for 1F1B
+    (`utils.theory.makespan_estimate`: no communication, no per-step work, no noise): the
+    most any measured ratio can be expected to show."""
+    from utils.theory import makespan_estimate
+
+    rows = {r["method"]: r["stage_ms"] for r in profile.compare_partitions(stages)}
+    return (makespan_estimate(rows["parameters"], micro_batches)
+            / makespan_estimate(rows["balanced"], micro_batches))
+
+
+def run_rounds(args, base: dict, directory: Path) -> list[dict]:
+    """All rounds of one (stages, micro-batches) configuration; prints as it goes."""
+    from utils import JobSpec
+    from utils.profiling import profile_for_job
+
+    stages, micro_batches = base["num_stages"], base["micro_batches"]
+    rows: list[dict] = []
+
+    def fresh_profile(round_: int):
+        started = time.time()
+        profile = profile_for_job(JobSpec(**base, partition="profile"), cache=False)
+        share = "" if profile.core_share is None else f", got {profile.core_share:.0%} of a core"
+        print(f"  profile in round {round_} (measured in {time.time() - started:.1f} s, "
+              f"{profile.threads} thread(s) in each of {profile.concurrency} processes{share}), "
+              f"ms per micro-batch, forward+backward per layer {ms(profile.total)}")
+        for row in profile.compare_partitions(stages):
+            print(f"    predicted {row['method']:>10}: parts {row['parts']}, stages {row['stage_ms']} ms, "
+                  f"bottleneck {row['bottleneck_ms']} ms (stage {row['slowest_stage']})")
+        print(f"    ideal step-time ratio parameters / balanced at {micro_batches} micro-batches: "
+              f"{ideal_ratio(profile, stages, micro_batches):.2f}x")
+        return profile
+
+    profile = fresh_profile(0)
+    for round_ in range(args.rounds):
+        shift = round_ % len(METHODS)
+        for method in METHODS[shift:] + METHODS[:shift]:
+            if method == "profile" and rows and not args.profile_once:
+                profile = fresh_profile(round_)  # just before the run it partitions
+            before = steal_counters()
+            run, cpu = run_sampled(JobSpec(**base, partition=method, name=f"{method}-{stages}-{micro_batches}"),
+                                   directory)
+            after = steal_counters()
+            row = {**measure(run, cpu, profile.core_share), "round": round_,
+                   "ideal": ideal_ratio(profile, stages, micro_batches),
+                   "steal": None if not (before and after and after[1] > before[1])
+                   else (after[0] - before[0]) / (after[1] - before[1])}
+            rows.append(row)
+            error = "n/a" if row["error"] is None else f"{row['error']:+.1%}"
+            if "cpu_error" in row:
+                error += (f" (CPU time: {row['cpu_error']:+.1%}; the rank got {row['job_share']:.0%} "
+                          f"of a core while computing, the profile {profile.core_share:.0%}; "
+                          f"CPU/stage {ms(c or 0 for c in row['cpu_s'])} ms vs predicted "
+                          f"{ms(row['predicted_cpu_s'])} ms)")
+            steal = "" if row["steal"] is None else f"  steal {row['steal']:.0%}"
+            print(f"  round {round_} {method:>10} {str(row['parts']):<16} step {row['step_s'] * 1e3:7.1f} ms{steal}  "
+                  f"bubble {row['bubble']:.3f}  compute/stage {ms(row['compute_s'])} ms  "
+                  f"predicted {ms(row['predicted_s']) if row['predicted_s'] else 'n/a'} ms  "
+                  f"slowest-stage error {error}")
+        print(f"  after round {round_}: {load()}")
+    return rows
+
+
+def summarise(stages: int, micro_batches: int, rows: list[dict]) -> None:
+    """Medians over rounds per method, then the verdicts against the targets."""
+    by_method = {m: [r for r in rows if r["method"] == m] for m in METHODS}
+    for method, runs in by_method.items():
+        step = statistics.median(r["step_s"] for r in runs)
+        bubble = statistics.median(r["bubble"] for r in runs)
+        slow = statistics.median(r["compute_s"][r["slowest"]] for r in runs)
+        preds = [r["predicted_s"][r["predicted_slowest"]] for r in runs if r["predicted_s"]]
+        errors = [r["error"] for r in runs if r["error"] is not None]
+        pred = f"{statistics.median(preds) * 1e3:8.0f}" if preds else f"{'n/a':>8}"
+        err = f"{statistics.median(errors):+7.1%}" if errors else f"{'n/a':>7}"
+        parts = " or ".join(sorted({str(r["parts"]) for r in runs}))  # profile may vary by round
+        print(f"{stages:>6} {micro_batches:>3} {method:>10} {parts:<16} {step * 1e3:8.1f} {bubble:7.3f} "
+              f"{slow * 1e3:15.0f} {pred} {err}")
+    label = f"{stages} stages, {micro_batches} micro-batches"
+    per_round = [p["step_s"] / q["step_s"] for p, q in zip(by_method["parameters"], by_method["profile"])]
+    uniform = [p["step_s"] / q["step_s"] for p, q in zip(by_method["uniform"], by_method["profile"])]
+    same = [u["step_s"] / q["step_s"] for u, q in zip(by_method["uniform"], by_method["parameters"])
+            if u["parts"] == q["parts"]]
+    if same:  # an A/A test for free: two runs of one partition in the same round
+        print(f"{label}: uniform and parameters are the same partition here; their step-time "
+              f"ratio per round ({', '.join(f'{x:.2f}' for x in same)}) is the run-to-run noise")
+    ideal = statistics.median(r["ideal"] for r in by_method["profile"])
+    print(f"{label}: step time parameters / profile = {statistics.median(per_round):.2f}x "
+          f"(per round {', '.join(f'{x:.2f}' for x in per_round)}; target >= 1.2 on 2 stages; "
+          f"the profiles' own costs allow {ideal:.2f}x); uniform / profile = {statistics.median(uniform):.2f}x")
+    errors = [r["error"] for r in by_method["profile"]]
+    print(f"{label}: profile runs' slowest-stage compute vs prediction: median "
+          f"{statistics.median(errors):+.1%} (per round {', '.join(f'{e:+.1%}' for e in errors)}; "
+          "target within ±15 %)")
+    cpu_errors = [r["cpu_error"] for r in by_method["profile"] if "cpu_error" in r]
+    if cpu_errors:
+        print(f"{label}: the same in CPU time (waiting for a core taken out, the rank's "
+              f"optimizer/load/send work left in): {', '.join(f'{e:+.1%}' for e in cpu_errors)}")
+    quiet = [i for i, p in enumerate(by_method["parameters"])
+             if all((r["steal"] or 0) <= QUIET_STEAL for r in rows if r["round"] == p["round"])]
+    if quiet and len(quiet) < len(per_round):
+        print(f"{label}: rounds where no run lost more than {QUIET_STEAL:.0%} to steal "
+              f"({', '.join(str(i) for i in quiet)}): parameters / profile = "
+              f"{statistics.median(per_round[i] for i in quiet):.2f}x, slowest-stage error "
+              f"{', '.join(f'{errors[i]:+.1%}' for i in quiet)}")
+    steals = [r["steal"] for r in rows if r["steal"] is not None]
+    if steals:
+        print(f"{label}: CPU time stolen by the hypervisor during the runs: median "
+              f"{statistics.median(steals):.0%}, max {max(steals):.0%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[16])
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="gpt")
     parser.add_argument("--model-options", default="{}", help="JSON, e.g. '{\"blocks\": 8}'")
     parser.add_argument("--profile-once", action="store_true",
-                        help="profile once per stage count instead of before every round")
+                        help="profile once per configuration instead of before every profile run")
     args = parser.parse_args()
-
-    from utils import JobSpec
-    from utils.profiling import profile_for_job
 
     directory = Path(tempfile.mkdtemp(prefix="partition-speedup-"))
     options = json.loads(args.model_options)
     print(f"start: {load()}; runs under {directory}")
-    results: dict[int, list[dict]] = {}
+    results: dict[tuple[int, int], list[dict]] = {}
     for stages in args.stages:
-        base = dict(model=args.model, model_options=options, num_stages=stages,
-                    micro_batches=args.micro_batches, steps=args.steps, device=args.device)
-        print(f"\n=== {stages} stages, {args.micro_batches} micro-batches, {args.model} "
-              f"{options or ''} on {args.device} ===")
-        cores = len(os.sched_getaffinity(0))
-        if args.device == "cpu" and stages > cores:
-            print(f"  note: {stages} ranks share {cores} cores, so stages wait for a core while the "
-                  "profile (one process) did not: measured compute includes that contention")
-        rows = results[stages] = []
-        for round_ in range(args.rounds):
-            if round_ == 0 or not args.profile_once:
-                started = time.time()
-                profile = profile_for_job(JobSpec(**base, partition="profile"), cache=False)
-                share = "" if profile.core_share is None else f", got {profile.core_share:.0%} of a core"
-                print(f"  profile for round {round_} (measured in {time.time() - started:.1f} s, "
-                      f"{profile.threads} thread(s){share}), ms per micro-batch, forward+backward per "
-                      f"layer {ms(profile.total)}")
-                for row in profile.compare_partitions(stages):
-                    print(f"    predicted {row['method']:>10}: parts {row['parts']}, stages {row['stage_ms']} ms, "
-                          f"bottleneck {row['bottleneck_ms']} ms (stage {row['slowest_stage']})")
-            shift = round_ % len(METHODS)
-            for method in METHODS[shift:] + METHODS[:shift]:
-                before = steal_counters()
-                run, cpu = run_sampled(JobSpec(**base, partition=method, name=f"{method}-{stages}"),
-                                       directory)
-                after = steal_counters()
-                row = {**measure(run, cpu, profile.core_share), "round": round_,
-                       "steal": None if not (before and after and after[1] > before[1])
-                       else (after[0] - before[0]) / (after[1] - before[1])}
-                rows.append(row)
-                error = "n/a" if row["error"] is None else f"{row['error']:+.1%}"
-                if "cpu_error" in row:
-                    error += (f" (CPU time: {row['cpu_error']:+.1%}; the rank got {row['job_share']:.0%} "
-                              f"of a core while computing, the profile {profile.core_share:.0%}; "
-                              f"CPU/stage {ms(c or 0 for c in row['cpu_s'])} ms vs predicted "
-                              f"{ms(row['predicted_cpu_s'])} ms)")
-                steal = "" if row["steal"] is None else f"  steal {row['steal']:.0%}"
-                print(f"  round {round_} {method:>10} {str(row['parts']):<16} step {row['step_s'] * 1e3:7.1f} ms{steal}  "
-                      f"bubble {row['bubble']:.3f}  compute/stage {ms(row['compute_s'])} ms  "
-                      f"predicted {ms(row['predicted_s']) if row['predicted_s'] else 'n/a'} ms  "
-                      f"slowest-stage error {error}")
-            print(f"  after round {round_}: {load()}")
+        for micro_batches in args.micro_batches:
+            base = dict(model=args.model, model_options=options, num_stages=stages,
+                        micro_batches=micro_batches, steps=args.steps, device=args.device)
+            print(f"\n=== {stages} stages, {micro_batches} micro-batches, {args.model} "
+                  f"{options or ''} on {args.device} ===")
+            cores = len(os.sched_getaffinity(0))
+            if args.device == "cpu" and stages > cores:
+                print(f"  note: {stages} ranks share {cores} cores; the profile measures with as many "
+                      "processes at once, so its costs include waiting for a core")
+            results[stages, micro_batches] = run_rounds(args, base, directory)
 
     print("\n=== summary (medians over rounds) ===")
-    print(f"{'stages':>6} {'method':>10} {'parts':<16} {'step ms':>8} {'bubble':>7} "
+    print(f"{'stages':>6} {'m':>3} {'method':>10} {'parts':<16} {'step ms':>8} {'bubble':>7} "
           f"{'slowest meas ms':>15} {'pred ms':>8} {'error':>7}")
-    for stages, rows in results.items():
-        by_method = {m: [r for r in rows if r["method"] == m] for m in METHODS}
-        for method, runs in by_method.items():
-            step = statistics.median(r["step_s"] for r in runs)
-            bubble = statistics.median(r["bubble"] for r in runs)
-            slow = statistics.median(r["compute_s"][r["slowest"]] for r in runs)
-            preds = [r["predicted_s"][r["predicted_slowest"]] for r in runs if r["predicted_s"]]
-            errors = [r["error"] for r in runs if r["error"] is not None]
-            pred = f"{statistics.median(preds) * 1e3:8.0f}" if preds else f"{'n/a':>8}"
-            err = f"{statistics.median(errors):+7.1%}" if errors else f"{'n/a':>7}"
-            parts = " or ".join(sorted({str(r["parts"]) for r in runs}))  # profile may vary by round
-            print(f"{stages:>6} {method:>10} {parts:<16} {step * 1e3:8.1f} {bubble:7.3f} "
-                  f"{slow * 1e3:15.0f} {pred} {err}")
-        per_round = [p["step_s"] / q["step_s"] for p, q in zip(by_method["parameters"], by_method["profile"])]
-        uniform = [p["step_s"] / q["step_s"] for p, q in zip(by_method["uniform"], by_method["profile"])]
-        same = [u["step_s"] / q["step_s"] for u, q in zip(by_method["uniform"], by_method["parameters"])
-                if u["parts"] == q["parts"]]
-        if same:  # an A/A test for free: two runs of one partition in the same round
-            print(f"{stages} stages: uniform and parameters are the same partition here; their step-time "
-                  f"ratio per round ({', '.join(f'{x:.2f}' for x in same)}) is the run-to-run noise")
-        errors = [r["error"] for r in by_method["profile"]]
-        print(f"{stages} stages: step time parameters / profile = {statistics.median(per_round):.2f}x "
-              f"(per round {', '.join(f'{x:.2f}' for x in per_round)}; target >= 1.2 on 2 stages); "
-              f"uniform / profile = {statistics.median(uniform):.2f}x")
-        print(f"{stages} stages: profile runs' slowest-stage compute vs prediction: "
-              f"{', '.join(f'{e:+.1%}' for e in errors)} (target within ±15 %)")
-        cpu_errors = [r["cpu_error"] for r in by_method["profile"] if "cpu_error" in r]
-        if cpu_errors:
-            print(f"{stages} stages: the same in CPU time (waiting for a core taken out, the rank's "
-                  "optimizer/load/send work left in): "
-                  f"{', '.join(f'{e:+.1%}' for e in cpu_errors)}")
-        quiet = [i for i, p in enumerate(by_method["parameters"])
-                 if all((r["steal"] or 0) <= QUIET_STEAL for r in rows if r["round"] == p["round"])]
-        if quiet and len(quiet) < len(per_round):
-            print(f"{stages} stages: rounds where no run lost more than {QUIET_STEAL:.0%} to steal "
-                  f"({', '.join(str(i) for i in quiet)}): parameters / profile = "
-                  f"{statistics.median(per_round[i] for i in quiet):.2f}x, slowest-stage error "
-                  f"{', '.join(f'{errors[i]:+.1%}' for i in quiet)}")
-        steals = [r["steal"] for r in rows if r["steal"] is not None]
-        if steals:
-            print(f"{stages} stages: CPU time stolen by the hypervisor during the runs: median "
-                  f"{statistics.median(steals):.0%}, max {max(steals):.0%}")
+    for (stages, micro_batches), rows in results.items():
+        summarise(stages, micro_batches, rows)
     print(f"\nend: {load()}")
 
 

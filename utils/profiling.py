@@ -29,15 +29,24 @@ What is measured, and why it matches a real stage:
   with the interquartile range as the spread.
 - On GPU each measurement is bracketed by CUDA events and synchronised (fine here: this is
   a profiling pass, not the traced run, where that would perturb the pipeline).
+- Contention (CPU): the ranks of a CPU job share the machine's cores, caches and memory
+  bandwidth. ``concurrency=k`` measures with `k` processes at once, each running the
+  round-robin from a different layer (so a block is timed next to the head, as stage 0 runs
+  next to the last stage), in lockstep round by round, and pools their samples;
+  `profile_for_job` uses the job's world size. It matters most when ranks outnumber cores:
+  on a 2-core VM, 4 processes at once measured the head + loss at 41–45 ms against
+  22–27 ms alone, as the kernel time-slices it, while a 5–7 ms block mostly ran within one
+  time slice and hardly changed. 2 processes on the same 2 cores measured the same as 1,
+  within that machine's drift, in 5 interleaved pairs.
 
-Profiles are cached as JSON per (preset, options, micro-batch size, device, threads, torch
-version, warm-up, repeats, seed) in `cache_dir()`; ``cache=False`` measures again.
+Profiles are cached as JSON per (preset, options, micro-batch size, device, threads,
+concurrency, torch version, warm-up, repeats, seed) in `cache_dir()`; ``cache=False``
+measures again.
 
-What a profile cannot see: contention between ranks that share a machine (on a 2-core VM,
-blocks measured 20–40 % slower in a job whose other rank computed at the same time than in
-a profile alone: shared caches and memory bandwidth, and the hypervisor's steal),
-DeepSpeed's own per-instruction work (input clone, hooks, loss scaling) and communication. `utils.launch` records the prediction next to the measured run, so the gap
-can be checked rather than assumed.
+What a profile still cannot see: DeepSpeed's own per-instruction work (input clone, hooks,
+loss scaling), communication, and a machine whose speed changes between the profile and
+the run (a shared VM's neighbours). `utils.launch` records the prediction next to the
+measured run, so the gap can be checked rather than assumed.
 """
 
 from __future__ import annotations
@@ -61,11 +70,16 @@ __all__ = ["LayerProfile", "cache_dir", "cached_profile", "launch_profile", "par
            "profile_for_job", "profile_layers"]
 
 #: Bump when the measurement method changes, so older cached profiles are not reused.
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 DEFAULT_SEED = 1234
 """`JobSpec.seed`'s default: layers and data are seeded like a job with it."""
 DEFAULT_WARMUP = 2
-DEFAULT_REPEATS = 7
+DEFAULT_REPEATS = 15
+"""Enough rounds to span a second or more on the CPU presets: a shared machine's speed
+drifts over seconds, and a job's steps average over that drift too."""
+BARRIER_TIMEOUT_S = 300.0
+"""How long a concurrent measuring process waits for the others at the end of a round
+before giving up (one round of the largest CPU preset takes well under a second)."""
 
 
 # --- the result ----------------------------------------------------------------------------
@@ -88,6 +102,9 @@ class LayerProfile:
     """The CPU model or GPU name, so a profile says where it was taken."""
     threads: int | None
     """torch intra-op threads during the measurement (None: left as found, on GPU)."""
+    concurrency: int
+    """Processes that measured at once, each with `threads` threads (CPU; 1 on GPU). The
+    samples of all of them are pooled."""
     torch_version: str
     warmup: int
     repeats: int
@@ -176,6 +193,8 @@ class LayerProfile:
 
     def _head(self) -> str:
         threads = "" if self.threads is None else f", {self.threads} thread(s)"
+        if self.concurrency > 1:
+            threads += f" in each of {self.concurrency} processes measuring at once"
         if self.core_share is not None:
             threads += f" getting {self.core_share:.0%} of their core time"
         options = ", ".join(f"{k}={v}" for k, v in self.options.items())
@@ -259,7 +278,7 @@ def _device_name(device: str) -> str:
 # --- measuring -----------------------------------------------------------------------------
 def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | None = None,
                    micro_batch_size: int = 4, device: str = "auto", threads: int | None = None,
-                   warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
+                   concurrency: int = 1, warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
                    seed: int = DEFAULT_SEED,
                    cache: bool = True, measure: bool = True) -> LayerProfile | None:
     """Measure every layer of preset `model` on `device`, forward and backward.
@@ -272,6 +291,10 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
         threads: torch intra-op threads while measuring. On CPU None means 1, what each rank
             of a job gets when ranks >= cores; `profile_for_job` passes the job's count. On
             GPU None leaves the setting alone. Restored afterwards either way.
+        concurrency: CPU only: measure in this many processes at once (each with `threads`
+            threads) and pool their samples, so the costs include the contention of a job
+            whose ranks share this machine; `profile_for_job` passes the job's world size.
+            1 measures in this process.
         warmup: rounds run first and dropped (allocator growth, cold caches).
         repeats: rounds kept; the median is reported, the IQR as the spread.
         seed: seeds the layers (``seed + index``, as ``seed_layers=True`` does) and the batch.
@@ -287,7 +310,7 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
     from .models import get_model
 
     for name, value, low in (("micro_batch_size", micro_batch_size, 1), ("warmup", warmup, 0),
-                             ("repeats", repeats, 1)):
+                             ("repeats", repeats, 1), ("concurrency", concurrency, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     resolved = get_model(model, model_options)
@@ -296,8 +319,11 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
         threads = 1
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    if concurrency > 1 and device != "cpu":
+        raise ValueError(f"concurrency={concurrency} applies to CPU profiles only: each rank of a "
+                         "GPU job has a device of its own, so profile it with concurrency=1")
     key = _key(model, resolved.options, micro_batch_size=micro_batch_size, device=device,
-               threads=threads, warmup=warmup, repeats=repeats, seed=seed)
+               threads=threads, concurrency=concurrency, warmup=warmup, repeats=repeats, seed=seed)
     path = _cache_path(key)
     if cache:
         found = _read_cache(path, key)
@@ -305,14 +331,15 @@ def profile_layers(model: str = "gpt", *, model_options: Mapping[str, int] | Non
             return found
     if not measure:
         return None
-    profile = _measure(resolved, key)
+    profile = _measure(resolved, key) if concurrency == 1 else _measure_concurrently(resolved, key)
     _write_cache(path, key, profile)
     return profile
 
 
 def profile_for_job(spec: JobSpec, *, cache: bool = True, measure: bool = True) -> LayerProfile | None:
     """The profile that matches job `spec`: its model, micro-batch size, device, seed and,
-    on CPU, the thread count each of its ranks gets (`profile_layers` for the arguments)."""
+    on CPU, the thread count each of its ranks gets and as many processes measuring at once
+    as it has ranks (`profile_layers` for the arguments)."""
     return profile_layers(spec.model, model_options=spec.model_options, cache=cache, measure=measure,
                           **_job_args(spec))
 
@@ -329,19 +356,21 @@ def cached_profile(spec: JobSpec) -> LayerProfile | None:
 
 def _job_args(spec: JobSpec) -> dict[str, Any]:
     device = spec.resolved_device()
+    cpu = device == "cpu"
     return {"micro_batch_size": spec.micro_batch_size, "device": device, "seed": spec.seed,
-            "threads": rank_threads(spec.world_size) if device == "cpu" else None}
+            "threads": rank_threads(spec.world_size) if cpu else None,
+            "concurrency": spec.world_size if cpu else 1}
 
 
 def _key(model: str, options: Mapping[str, Any], *, micro_batch_size: int, device: str,
-         threads: int | None, warmup: int, repeats: int, seed: int) -> dict[str, Any]:
+         threads: int | None, concurrency: int, warmup: int, repeats: int, seed: int) -> dict[str, Any]:
     """What a cached profile must match to be reused."""
     import torch
 
     return {"version": PROFILE_VERSION, "model": model, "options": dict(sorted(options.items())),
             "micro_batch_size": micro_batch_size, "device": device, "device_name": _device_name(device),
-            "threads": threads, "torch": torch.__version__, "warmup": warmup, "repeats": repeats,
-            "seed": seed}
+            "threads": threads, "concurrency": concurrency, "torch": torch.__version__,
+            "warmup": warmup, "repeats": repeats, "seed": seed}
 
 
 def launch_profile(spec: JobSpec) -> LayerProfile | None:
@@ -363,6 +392,7 @@ def partition_record(spec: JobSpec, parts: Sequence[int], profile: LayerProfile 
         "layer_costs": profile.total if profile else None,
         "profile": None if profile is None else {
             "device": profile.device, "device_name": profile.device_name, "threads": profile.threads,
+            "concurrency": profile.concurrency,
             "micro_batch_size": profile.micro_batch_size, "repeats": profile.repeats,
             "measured_at": profile.measured_at},
     }
@@ -399,7 +429,12 @@ class _Timer:
         return wall
 
 
-def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
+def _measure(model, key: Mapping[str, Any], *, first_layer: int = 0, barrier=None) -> LayerProfile:
+    """Measure every layer of `model` in this process (see the module docstring).
+
+    `first_layer`: where each round-robin round starts (concurrent processes start at
+    different layers). `barrier`: waited on after every round, so that concurrent processes
+    run their rounds side by side."""
     import random
 
     import numpy
@@ -436,12 +471,14 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
             bwd = [[] for _ in layers]
             timer = _Timer(device)
             last = len(layers) - 1
+            order = [(first_layer + k) % len(layers) for k in range(len(layers))]
             if device == "cuda":
                 torch.cuda.synchronize()
             for round_ in range(warmup + repeats):
                 if round_ == warmup:
                     timer.cpu_seconds = 0.0  # count the kept rounds only
-                for i, layer in enumerate(layers):
+                for i in order:
+                    layer = layers[i]
                     inp = xs[i].detach()
                     if i > 0 and inp.is_floating_point():
                         inp.requires_grad_(True)  # a received activation requires grad
@@ -457,12 +494,15 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
                     if round_ >= warmup:
                         fwd[i].append(f)
                         bwd[i].append(b)
+                if barrier is not None:
+                    barrier.wait(BARRIER_TIMEOUT_S)
             fs = [Spread.of(s) for s in fwd]
             bs = [Spread.of(s) for s in bwd]
             return LayerProfile(
                 model=key["model"], options=dict(key["options"]),
                 micro_batch_size=key["micro_batch_size"], device=device,
-                device_name=key["device_name"], threads=threads, torch_version=key["torch"],
+                device_name=key["device_name"], threads=threads,
+                concurrency=key["concurrency"], torch_version=key["torch"],
                 warmup=warmup, repeats=repeats, seed=seed,
                 layer_names=model.layer_names,
                 forward=[s.median for s in fs], backward=[s.median for s in bs],
@@ -478,6 +518,101 @@ def _measure(model, key: Mapping[str, Any]) -> LayerProfile:
         torch.set_num_threads(previous_threads)
         random.setstate(python_rng)
         numpy.random.set_state(numpy_rng)
+
+
+def _measure_concurrently(model, key: Mapping[str, Any]) -> LayerProfile:
+    """`_measure` in ``key["concurrency"]`` fresh processes at once, their samples pooled.
+
+    Process `k` starts its rounds at layer ``k * layers // concurrency`` and all wait for
+    each other after every round, so that while one times a block another runs the head,
+    as the stages of a job do. A process that fails ends the others (the barrier is
+    broken) and its traceback is raised here; none is left running."""
+    import multiprocessing
+    import queue
+
+    from .metrics import Spread
+
+    n = key["concurrency"]
+    context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch state
+    barrier = context.Barrier(n)
+    results = context.Queue()
+    workers = [context.Process(target=_measure_in_worker, daemon=True, name=f"profile-{k}",
+                               args=(k, model.preset, model.options, dict(key),
+                                     k * model.num_layers // n, barrier, results)) for k in range(n)]
+    profiles: dict[int, dict[str, Any]] = {}
+    try:
+        for worker in workers:
+            worker.start()
+        while len(profiles) < n:
+            try:
+                k, outcome, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                ended = [w for i, w in enumerate(workers) if i not in profiles and w.exitcode is not None]
+                if not ended:
+                    continue
+                try:  # its report may still be on its way through the pipe
+                    k, outcome, payload = results.get(timeout=5.0)
+                except queue.Empty:
+                    raise RuntimeError(f"profiling process {ended[0].name} exited with code "
+                                       f"{ended[0].exitcode} without reporting") from None
+            if outcome == "error":
+                raise RuntimeError(f"profiling process {k} of {n} failed:\n{_root_cause(payload, results)}")
+            profiles[k] = payload
+    finally:
+        if len(profiles) < n:  # failed or interrupted: release and stop the others now
+            barrier.abort()
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+        for worker in workers:
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+    parts = [LayerProfile.from_dict(profiles[k]) for k in range(n)]
+    fwd = [[t for p in parts for t in p.forward_samples[i]] for i in range(model.num_layers)]
+    bwd = [[t for p in parts for t in p.backward_samples[i]] for i in range(model.num_layers)]
+    fs, bs = [Spread.of(x) for x in fwd], [Spread.of(x) for x in bwd]
+    return replace(parts[0], forward=[x.median for x in fs], backward=[x.median for x in bs],
+                   forward_iqr=[x.iqr for x in fs], backward_iqr=[x.iqr for x in bs],
+                   forward_samples=fwd, backward_samples=bwd,
+                   measured_at=max(p.measured_at for p in parts),
+                   core_share=sum(p.core_share for p in parts) / n)
+
+
+def _root_cause(first: str, results) -> str:
+    """The traceback to show for a failed concurrent profile: the first report that is not
+    merely a peer's broken barrier (a process that fails breaks the barrier for the others,
+    whose reports may arrive first)."""
+    import queue
+
+    if "BrokenBarrierError" not in first:
+        return first
+    deadline = time.monotonic() + 5.0
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            _, outcome, payload = results.get(timeout=left)
+        except queue.Empty:
+            break
+        if outcome == "error" and "BrokenBarrierError" not in payload:
+            return payload
+    return first
+
+
+def _measure_in_worker(index: int, preset: str, options: Mapping[str, Any], key: Mapping[str, Any],
+                       first_layer: int, barrier, results) -> None:
+    """Body of process `index` of `_measure_concurrently`: measure, then report through
+    `results` as ``(index, "ok", profile dict)`` or ``(index, "error", traceback)``."""
+    import traceback
+
+    try:
+        from .models import get_model
+
+        profile = _measure(get_model(preset, options), key, first_layer=first_layer, barrier=barrier)
+        results.put((index, "ok", profile.to_dict()))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        barrier.abort()
+        results.put((index, "error", traceback.format_exc()))
 
 
 # --- the cache -----------------------------------------------------------------------------

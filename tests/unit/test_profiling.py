@@ -4,6 +4,7 @@ Measurements here run a tiny preset in this process (a fraction of a second); no
 """
 
 import json
+import multiprocessing
 import time
 from dataclasses import replace
 
@@ -30,13 +31,14 @@ def private_cache(tmp_path, monkeypatch):
 def measurements(monkeypatch):
     """Counts real measurements (calls of the measuring function)."""
     calls = []
-    real = profiling._measure
+    for name in ("_measure", "_measure_concurrently"):
+        real = getattr(profiling, name)
 
-    def counting(*args, **kwargs):
-        calls.append(time.time())
-        return real(*args, **kwargs)
+        def counting(*args, _real=real, **kwargs):
+            calls.append(time.time())
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(profiling, "_measure", counting)
+        monkeypatch.setattr(profiling, name, counting)
     return calls
 
 
@@ -84,6 +86,37 @@ def test_cache_false_measures_again(measurements):
     assert len(measurements) == 2 and not again.cached
     assert again.measured_at > first.measured_at
     assert profile_layers("gpt", **FAST).measured_at == again.measured_at  # it refreshed the cache
+
+
+def test_concurrent_processes_pool_their_samples(measurements):
+    """Two processes measure at once; the profile holds both sets of samples and their medians."""
+    from utils.metrics import Spread
+
+    profile = profile_layers("gpt", **FAST, concurrency=2)
+    assert profile.concurrency == 2 and len(measurements) == 1
+    assert all(len(s) == 2 * FAST["repeats"] for s in profile.forward_samples + profile.backward_samples)
+    assert profile.forward == [Spread.of(s).median for s in profile.forward_samples]
+    assert profile.backward == [Spread.of(s).median for s in profile.backward_samples]
+    assert 0 < profile.core_share <= 1.5 and "2 processes measuring at once" in str(profile)
+    assert multiprocessing.active_children() == []
+    assert profile_layers("gpt", **FAST, concurrency=2).cached  # cached under its own key
+    assert profile_layers("gpt", **FAST).concurrency == 1 and len(measurements) == 2
+
+
+def test_a_failing_profiling_process_is_raised_and_none_is_left():
+    # 3 heads do not divide hidden 32: the preset resolves, but building a block fails
+    # inside each measuring process.
+    with pytest.raises(RuntimeError, match=r"profiling process \d of 2 failed(.|\n)*divisible"):
+        profile_layers("gpt", **{**FAST, "model_options": {**TINY, "heads": 3}}, concurrency=2)
+    assert multiprocessing.active_children() == []
+
+
+def test_concurrency_is_for_cpu_profiles(monkeypatch):
+    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
+        profile_layers("gpt", **FAST, concurrency=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="applies to CPU profiles only"):
+        profile_layers("gpt", **{**FAST, "device": "cuda"}, concurrency=2)
 
 
 @pytest.mark.parametrize("change", [{"micro_batch_size": 3}, {"threads": 2}, {"repeats": 4},
@@ -138,7 +171,7 @@ def test_round_trip_and_display():
 def _fake_profile(totals, **fields) -> LayerProfile:
     n = len(totals)
     base = dict(model="gpt", options={}, micro_batch_size=4, device="cpu", device_name="test",
-                threads=1, torch_version=torch.__version__, warmup=0, repeats=1, seed=1234,
+                threads=1, concurrency=1, torch_version=torch.__version__, warmup=0, repeats=1, seed=1234,
                 layer_names=["L"] * n, forward=[t / 3 for t in totals],
                 backward=[2 * t / 3 for t in totals], forward_iqr=[0.0] * n,
                 backward_iqr=[0.0] * n, forward_samples=[[t / 3] for t in totals],
@@ -176,6 +209,7 @@ def test_profile_for_job_uses_the_jobs_conditions(monkeypatch):
     (args, kwargs), = calls
     assert args == ("gpt",) and kwargs["micro_batch_size"] == 3 and kwargs["seed"] == 5
     assert kwargs["device"] == "cpu" and kwargs["threads"] == 2  # 4 cores // 2 ranks
+    assert kwargs["concurrency"] == 2  # both ranks compute at once on this machine
 
 
 def test_other_methods_predict_only_from_a_cached_profile(measurements):
