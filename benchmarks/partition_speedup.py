@@ -30,6 +30,12 @@ It prints per run and per method:
 - the slowest stage's measured compute per step (forward + backward, median over steps)
   against the prediction recorded before launch (predicted per-micro-batch cost of that
   stage × micro-batches), as a relative error;
+- the 1F1B formula (`utils.theory.makespan_estimate`) on the per-stage compute the run
+  measured, and the time its slowest stage spent inside send/recv per step: DeepSpeed's
+  p2p calls block until the neighbour joins them, so in a balanced pipeline, where the
+  neighbour is always busy, each handshake waits on the critical path. The summary chains
+  the ratios: the profile's ceiling, the slowest-stage compute in the jobs, the formula on
+  it, and the measured step, so it shows where the gain is lost;
 - the share of the machine's CPU time the hypervisor took for other guests while the run
   ran (``steal`` in /proc/stat). The host's speed also drifts with no steal at all (a
   neighbour on the same physical core): the A/A ratio below shows how much;
@@ -123,14 +129,26 @@ def run_sampled(spec, directory: Path):
 
 def measure(run, cpu_per_step: dict[int, float], core_share: float | None) -> dict:
     """What one finished run says: step time, bubble, slowest stage measured vs predicted."""
+    from utils.theory import makespan_estimate
+    from utils.timeline import COMM_KINDS
+
     spec = run.spec
     summary = run.timeline.metrics()  # medians over steps >= 1
     compute = list(summary.stage_compute)
     slowest = max(range(spec.num_stages), key=compute.__getitem__)
     predicted = run.predicted_stage_costs
+    # Where the step goes beyond the slowest stage's compute: the 1F1B formula on the
+    # compute this run measured (fill and drain included), and the time the slowest stage
+    # spent inside send/recv calls, which DeepSpeed makes blocking, so a handshake with a
+    # busy neighbour waits on the critical path.
+    formula = makespan_estimate([c / spec.micro_batches for c in compute], spec.micro_batches)
+    p2p = statistics.median(
+        sum(e.duration for e in run.timeline.select(step=step, stage=slowest, kinds=COMM_KINDS))
+        for step in run.timeline.steps if step >= 1)
     row = {"method": run.partition_method, "parts": run.parts,
            "step_s": statistics.median(run.step_times[1:]),
            "bubble": summary.bubble_ratio, "compute_s": compute, "slowest": slowest,
+           "formula_s": formula, "p2p_s": p2p,
            "predicted_s": None, "predicted_slowest": None, "error": None}
     if predicted is not None:
         per_step = [c * spec.micro_batches for c in predicted]
@@ -210,6 +228,7 @@ def run_rounds(args, base: dict, directory: Path) -> list[dict]:
             steal = "" if row["steal"] is None else f"  steal {row['steal']:.0%}"
             print(f"  round {round_} {method:>10} {str(row['parts']):<16} step {row['step_s'] * 1e3:7.1f} ms{steal}  "
                   f"bubble {row['bubble']:.3f}  compute/stage {ms(row['compute_s'])} ms  "
+                  f"1F1B formula {row['formula_s'] * 1e3:.0f} ms  slowest stage in send/recv {row['p2p_s'] * 1e3:.0f} ms  "
                   f"predicted {ms(row['predicted_s']) if row['predicted_s'] else 'n/a'} ms  "
                   f"slowest-stage error {error}")
         print(f"  after round {round_}: {load()}")
@@ -223,13 +242,15 @@ def summarise(stages: int, micro_batches: int, rows: list[dict]) -> None:
         step = statistics.median(r["step_s"] for r in runs)
         bubble = statistics.median(r["bubble"] for r in runs)
         slow = statistics.median(r["compute_s"][r["slowest"]] for r in runs)
+        formula = statistics.median(r["formula_s"] for r in runs)
+        p2p = statistics.median(r["p2p_s"] for r in runs)
         preds = [r["predicted_s"][r["predicted_slowest"]] for r in runs if r["predicted_s"]]
         errors = [r["error"] for r in runs if r["error"] is not None]
         pred = f"{statistics.median(preds) * 1e3:8.0f}" if preds else f"{'n/a':>8}"
         err = f"{statistics.median(errors):+7.1%}" if errors else f"{'n/a':>7}"
         parts = " or ".join(sorted({str(r["parts"]) for r in runs}))  # profile may vary by round
         print(f"{stages:>6} {micro_batches:>3} {method:>10} {parts:<16} {step * 1e3:8.1f} {bubble:7.3f} "
-              f"{slow * 1e3:15.0f} {pred} {err}")
+              f"{slow * 1e3:15.0f} {pred} {err} {formula * 1e3:8.0f} {p2p * 1e3:8.0f}")
     label = f"{stages} stages, {micro_batches} micro-batches"
     per_round = [p["step_s"] / q["step_s"] for p, q in zip(by_method["parameters"], by_method["profile"])]
     uniform = [p["step_s"] / q["step_s"] for p, q in zip(by_method["uniform"], by_method["profile"])]
@@ -242,6 +263,17 @@ def summarise(stages: int, micro_batches: int, rows: list[dict]) -> None:
     print(f"{label}: step time parameters / profile = {statistics.median(per_round):.2f}x "
           f"(per round {', '.join(f'{x:.2f}' for x in per_round)}; target >= 1.2 on 2 stages; "
           f"the profiles' own costs allow {ideal:.2f}x); uniform / profile = {statistics.median(uniform):.2f}x")
+    def ratio(pick) -> float:  # median over rounds of parameters / profile
+        return statistics.median(pick(p) / pick(q) for p, q in zip(by_method["parameters"], by_method["profile"]))
+
+    print(f"{label}: parameters / profile, step by step from the ceiling to the measurement: "
+          f"profile's costs {ideal:.2f}x -> slowest-stage compute in the jobs "
+          f"{ratio(lambda r: r['compute_s'][r['slowest']]):.2f}x -> 1F1B formula on that "
+          f"compute {ratio(lambda r: r['formula_s']):.2f}x -> measured step "
+          f"{statistics.median(per_round):.2f}x (the slowest stage spent "
+          f"{statistics.median(r['p2p_s'] for r in by_method['parameters']) * 1e3:.0f} / "
+          f"{statistics.median(r['p2p_s'] for r in by_method['profile']) * 1e3:.0f} ms per step "
+          "in send/recv)")
     errors = [r["error"] for r in by_method["profile"]]
     print(f"{label}: profile runs' slowest-stage compute vs prediction: median "
           f"{statistics.median(errors):+.1%} (per round {', '.join(f'{e:+.1%}' for e in errors)}; "
@@ -294,7 +326,7 @@ def main() -> None:
 
     print("\n=== summary (medians over rounds) ===")
     print(f"{'stages':>6} {'m':>3} {'method':>10} {'parts':<16} {'step ms':>8} {'bubble':>7} "
-          f"{'slowest meas ms':>15} {'pred ms':>8} {'error':>7}")
+          f"{'slowest meas ms':>15} {'pred ms':>8} {'error':>7} {'1F1B ms':>8} {'p2p ms':>8}")
     for (stages, micro_batches), rows in results.items():
         summarise(stages, micro_batches, rows)
     print(f"\nend: {load()}")
