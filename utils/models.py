@@ -163,6 +163,9 @@ class _PresetInfo:
 
 
 def _gpt(preset: str, *, blocks: int, hidden: int, heads: int, vocab: int, seq_len: int) -> Model:
+    if hidden % heads:  # caught here, before any rank builds a block and fails
+        raise ValueError(f"preset {preset!r}: hidden ({hidden}) must be divisible by heads ({heads}); "
+                         "change one of them in model_options")
     layers = (LayerDef(Embedding, {"vocab": vocab, "hidden": hidden, "seq_len": seq_len}),
               *(LayerDef(Block, {"hidden": hidden, "heads": heads}) for _ in range(blocks)),
               LayerDef(LMHead, {"hidden": hidden, "vocab": vocab}))

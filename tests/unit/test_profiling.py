@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -104,11 +105,16 @@ def test_concurrent_processes_pool_their_samples(measurements):
 
 
 def test_a_failing_profiling_process_is_raised_and_none_is_left():
-    # 3 heads do not divide hidden 32: the preset resolves, but building a block fails
-    # inside each measuring process.
-    with pytest.raises(RuntimeError, match=r"profiling process \d of 2 failed(.|\n)*divisible"):
-        profile_layers("gpt", **{**FAST, "model_options": {**TINY, "heads": 3}}, concurrency=2)
+    # profile_layers rejects these options before starting anything; handed straight to
+    # the measuring processes, they fail in each of them instead.
+    broken = SimpleNamespace(preset="gpt", options={**TINY, "heads": 3}, num_layers=4)
+    key = profiling._key("gpt", broken.options, micro_batch_size=2, device="cpu", threads=1,
+                         concurrency=2, warmup=1, repeats=3, seed=1234)
+    with pytest.raises(RuntimeError, match=r"profiling process \d of 2 failed(.|\n)*divisible by heads"):
+        profiling._measure_concurrently(broken, key)
     assert multiprocessing.active_children() == []
+    with pytest.raises(ValueError, match="divisible by heads"):
+        profile_layers("gpt", **{**FAST, "model_options": broken.options}, concurrency=2)
 
 
 def test_concurrency_is_for_cpu_profiles(monkeypatch):

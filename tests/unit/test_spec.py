@@ -33,6 +33,8 @@ def test_unknown_preset_and_option():
         JobSpec(model="bert").check()
     with pytest.raises(ValueError, match=r"has no option\(s\) \['layers'\]"):
         JobSpec(model_options={"layers": 3}).check()
+    with pytest.raises(ValueError, match=r"hidden \(128\) must be divisible by heads \(3\)"):
+        JobSpec(model_options={"heads": 3}).check()  # before any rank fails building a block
 
 
 def test_deepspeed_config_uses_real_keys_only():
