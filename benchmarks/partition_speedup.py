@@ -37,8 +37,8 @@ It prints per run and per method:
   the ratios: the profile's ceiling, the slowest-stage compute in the jobs, the formula on
   it, and the measured step, so it shows where the gain is lost;
 - the share of the machine's CPU time the hypervisor took for other guests while the run
-  ran (``steal`` in /proc/stat). The host's speed also drifts with no steal at all (a
-  neighbour on the same physical core): the A/A ratio below shows how much;
+  ran (``steal`` in /proc/stat). A VM's speed can also drift with no steal at all (on a
+  2-vCPU VM, by 60 % within a minute): the A/A ratio below shows how much;
 - a CPU-time cross-check of the same: each rank's CPU seconds per step (sampled with psutil)
   against the prediction × the share of a core the profile got. On a shared machine the
   wall-clock error partly measures waiting for a core; this shows what is left without it
