@@ -75,8 +75,8 @@ DEFAULT_SEED = 1234
 """`JobSpec.seed`'s default: layers and data are seeded like a job with it."""
 DEFAULT_WARMUP = 2
 DEFAULT_REPEATS = 15
-"""Enough rounds to span a second or more on the CPU presets: a shared machine's speed
-drifts over seconds, and a job's steps average over that drift too."""
+"""Enough rounds to span about a second on the default ``gpt`` preset on CPU: a shared
+machine's speed drifts over seconds, and a job's steps average over that drift too."""
 BARRIER_TIMEOUT_S = 300.0
 """How long a concurrent measuring process waits for the others at the end of a round
 before giving up (one round of the largest CPU preset takes well under a second)."""
@@ -440,7 +440,6 @@ def _measure(model, key: Mapping[str, Any], *, first_layer: int = 0, barrier=Non
     import numpy
     import torch
 
-    from .metrics import Spread
     from .models import batches
 
     device, threads, seed = key["device"], key["threads"], key["seed"]
@@ -496,8 +495,6 @@ def _measure(model, key: Mapping[str, Any], *, first_layer: int = 0, barrier=Non
                         bwd[i].append(b)
                 if barrier is not None:
                     barrier.wait(BARRIER_TIMEOUT_S)
-            fs = [Spread.of(s) for s in fwd]
-            bs = [Spread.of(s) for s in bwd]
             return LayerProfile(
                 model=key["model"], options=dict(key["options"]),
                 micro_batch_size=key["micro_batch_size"], device=device,
@@ -505,9 +502,7 @@ def _measure(model, key: Mapping[str, Any], *, first_layer: int = 0, barrier=Non
                 concurrency=key["concurrency"], torch_version=key["torch"],
                 warmup=warmup, repeats=repeats, seed=seed,
                 layer_names=model.layer_names,
-                forward=[s.median for s in fs], backward=[s.median for s in bs],
-                forward_iqr=[s.iqr for s in fs], backward_iqr=[s.iqr for s in bs],
-                forward_samples=fwd, backward_samples=bwd,
+                **_timings(fwd, bwd),
                 param_bytes=[sum(p.numel() * p.element_size() for p in layer.parameters())
                              for layer in layers],
                 activation_bytes=[o.numel() * o.element_size() for o in outputs],
@@ -520,6 +515,16 @@ def _measure(model, key: Mapping[str, Any], *, first_layer: int = 0, barrier=Non
         numpy.random.set_state(numpy_rng)
 
 
+def _timings(fwd: list[list[float]], bwd: list[list[float]]) -> dict[str, list]:
+    """The `LayerProfile` timing fields from per-layer forward and backward samples."""
+    from .metrics import Spread
+
+    fs, bs = [Spread.of(x) for x in fwd], [Spread.of(x) for x in bwd]
+    return {"forward": [x.median for x in fs], "backward": [x.median for x in bs],
+            "forward_iqr": [x.iqr for x in fs], "backward_iqr": [x.iqr for x in bs],
+            "forward_samples": fwd, "backward_samples": bwd}
+
+
 def _measure_concurrently(model, key: Mapping[str, Any]) -> LayerProfile:
     """`_measure` in ``key["concurrency"]`` fresh processes at once, their samples pooled.
 
@@ -529,8 +534,6 @@ def _measure_concurrently(model, key: Mapping[str, Any]) -> LayerProfile:
     broken) and its traceback is raised here; none is left running."""
     import multiprocessing
     import queue
-
-    from .metrics import Spread
 
     n = key["concurrency"]
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch state
@@ -572,11 +575,7 @@ def _measure_concurrently(model, key: Mapping[str, Any]) -> LayerProfile:
     parts = [LayerProfile.from_dict(profiles[k]) for k in range(n)]
     fwd = [[t for p in parts for t in p.forward_samples[i]] for i in range(model.num_layers)]
     bwd = [[t for p in parts for t in p.backward_samples[i]] for i in range(model.num_layers)]
-    fs, bs = [Spread.of(x) for x in fwd], [Spread.of(x) for x in bwd]
-    return replace(parts[0], forward=[x.median for x in fs], backward=[x.median for x in bs],
-                   forward_iqr=[x.iqr for x in fs], backward_iqr=[x.iqr for x in bs],
-                   forward_samples=fwd, backward_samples=bwd,
-                   measured_at=max(p.measured_at for p in parts),
+    return replace(parts[0], **_timings(fwd, bwd), measured_at=max(p.measured_at for p in parts),
                    core_share=sum(p.core_share for p in parts) / n)
 
 
