@@ -1,6 +1,8 @@
 """partition="profile" on real jobs: the ranks run the profiled boundaries, the record keeps
 the prediction; and the gpt preset shows the imbalance the course is about."""
 
+import json
+
 import pytest
 
 from tests.helpers import SMALL_GPT
@@ -39,6 +41,19 @@ def test_profile_partition_is_imposed_and_recorded(runs_root, cache):
     other = run_job(JobSpec(**{**spec.to_dict(), "partition": "parameters", "steps": 1}), progress=False)
     assert other.partition_method == "parameters"
     assert other.predicted_stage_costs == pytest.approx(profile.stage_costs(other.parts))
+
+    # On this small model the measured balance may coincide with DeepSpeed's split, so make
+    # the cached profile say the head costs 10 blocks: the job must now run [0, 3, 4], a
+    # split no DeepSpeed method gives here.
+    (path,) = (cache / "profiles").glob("gpt-*.json")
+    stored = json.loads(path.read_text())
+    stored["profile"]["forward"] = [0.001, 0.001, 0.001, 0.010]
+    stored["profile"]["backward"] = [0.002, 0.002, 0.002, 0.020]
+    path.write_text(json.dumps(stored))
+    skewed = run_job(JobSpec(**{**spec.to_dict(), "steps": 1}), progress=False)
+    assert skewed.parts == [0, 3, 4] != other.parts
+    assert {data["stage"]: data["layers"] for data in skewed.results.values()} == {0: [0, 3], 1: [3, 4]}
+    assert skewed.predicted_stage_costs == pytest.approx([0.009, 0.030])
 
 
 def test_gpt_preset_shows_the_parameter_balance_problem(cache):
