@@ -18,7 +18,6 @@ jemalloc or tcmalloc for the same reason; glibc's own settings do it without an 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = ["keep_freed_memory", "prepare_cpu_rank", "rank_threads"]
@@ -41,11 +40,10 @@ def keep_freed_memory() -> bool:
     Lasts for the rest of the process. Returns False, changing nothing, where the C library
     is not glibc (macOS, musl): there the defaults stay and timings are merely noisier.
     """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    # The C library is already loaded: look mallopt up among this process's own symbols
+    # (ctypes.util.find_library would run ldconfig in a subprocess at every rank's start).
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     # No mmap-served blocks, and never trim the heap top (2**31 - 1 bytes is the largest

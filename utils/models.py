@@ -19,10 +19,12 @@ Data is synthetic and generated in code (no downloads) but learnable, so the los
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -258,10 +260,6 @@ def seed_layer(seed: int) -> None:
     CPU job, a third of stage 0's forward time. Jobs pass this function as ``seed_fn``; the
     generators end in the same state, so weights and losses are unchanged.
     """
-    import random
-
-    import numpy
-
     random.seed(seed)
     numpy.random.seed(seed % 2**32)
     if torch.cuda.is_initialized():

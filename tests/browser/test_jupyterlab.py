@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
-# $CHROMIUM (.ci/run exports the one it found), else chromium on PATH, else the usual place.
+# $CHROMIUM if set, else chromium on PATH (.ci/run installs it there), else the usual place.
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
