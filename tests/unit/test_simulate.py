@@ -8,7 +8,7 @@ import pytest
 
 from utils.schedules import build
 from utils.simulate import simulate
-from utils.timeline import COMPUTE_KINDS, Timeline
+from utils.timeline import COMPUTE_KINDS, Event, Timeline
 from utils.whatif import _time_search, best, predict, search_micro_batches, stage_costs_from_timeline
 
 
@@ -177,6 +177,29 @@ def test_predict_from_split_backward_run():
     as_1f1b = predict(measured, schedule="1f1b")  # full backward = I + W
     direct = simulate(build("1f1b", 3, 6), fwd, [a + b for a, b in zip(inp, wgt)], comm=0.02)
     assert makespan(as_1f1b) == pytest.approx(makespan(direct))
+
+
+def test_calibration_counts_load_and_transfer_but_not_waiting():
+    """One micro-batch on two stages with DeepSpeed's blocking p2p, times in ms: the
+    forward cost includes the micro-batch load and the transfer part of the send, the
+    backward includes the transfer part of send_grad, and the link latency is measured
+    from the end of the send. A recv posted early (waiting) counts in none of them."""
+    ms = 1e-3
+
+    def ev(stage, kind, start, end):
+        return Event(stage=stage, rank=stage, step=0, kind=kind, micro_batch=0,
+                     start=start * ms, end=end * ms)
+
+    timeline = Timeline(events=(
+        ev(0, "load", 0, 1), ev(0, "forward", 1, 11), ev(0, "send_act", 11, 13),
+        ev(1, "recv_act", 0, 13),                       # waits 11 ms, transfers 2 ms
+        ev(1, "forward", 14, 34), ev(1, "backward", 34, 74), ev(1, "send_grad", 74, 76),
+        ev(0, "recv_grad", 13, 76),                     # waits 61 ms, transfers 2 ms
+        ev(0, "backward", 77, 97)), num_stages=2, num_micro_batches=1)
+    costs = stage_costs_from_timeline(timeline)
+    assert costs.forward == pytest.approx((13 * ms, 20 * ms))   # 1 load + 10 + 2 transfer; 20
+    assert costs.backward == pytest.approx((20 * ms, 42 * ms))  # 20; 40 + 2 transfer
+    assert costs.comm == pytest.approx(1 * ms)                  # send ends at 13, consumer starts at 14
 
 
 # --- micro-batch search ------------------------------------------------------------------------
