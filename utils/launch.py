@@ -17,6 +17,7 @@ in ``command.txt`` so a learner can run it in a terminal), shows progress, and r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -311,26 +312,39 @@ def _write_status(path: Path, **status) -> None:
     write_json(path / "status.json", status, indent=2)
 
 
-def _kill_tree(process: subprocess.Popen, grace: float = 3.0) -> None:
-    """End torchrun and every worker (workers run in sessions of their own, so a process
-    group signal would miss them)."""
-    try:
-        parent = psutil.Process(process.pid)
-        procs = [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
-    for p in procs:
+def end_process_tree(root: int | Iterable[psutil.Process], *, grace: float = 3.0,
+                     reap: float | None = None) -> None:
+    """End a process and every process below it, found by parent links (so descendants that
+    run in sessions of their own, which a process-group signal would miss, are ended too).
+
+    `root` is a pid (that process and its descendants are listed now) or processes listed
+    earlier (say a kernel's children, listed before the kernel shut down). Each gets
+    SIGTERM, `grace` seconds to exit, then SIGKILL (at once, without SIGTERM, when `grace`
+    is 0); then this waits up to `reap` seconds (default: `grace`) for the killed ones.
+    """
+    if isinstance(root, int):
         try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+            parent = psutil.Process(root)
+            procs = [parent, *parent.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+    else:
+        procs = list(root)
+    alive = procs
+    if grace > 0:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=grace)
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(alive, timeout=grace if reap is None else reap)
+
+
+def _kill_tree(process: subprocess.Popen, grace: float = 3.0) -> None:
+    """End torchrun and every worker (see `end_process_tree`), then reap torchrun."""
+    end_process_tree(process.pid, grace=grace)
     try:
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:

@@ -13,7 +13,7 @@ from utils.grading.__main__ import main
 from utils.grading.feedback import fmt
 from utils.grading.notebook_source import (LabSource, SourceError, generate, secret_lines, sources,
                                            strip_hidden, stub_solutions)
-from utils.grading.release import _json_unescaped
+from utils.grading.release import MARKERS, _json_unescaped
 
 from tests.grading.submissions import ROOT
 
@@ -70,15 +70,12 @@ def test_check_mode_reports_stale_missing_and_orphaned_labs(tmp_path):
 def test_student_copy_has_stubs_and_public_tests_only(lab):
     text = (ROOT / "labs" / f"{lab.name}.ipynb").read_text(encoding="utf-8")
     nb = nbformat.reads(text, as_version=4)
-    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+    for marker in MARKERS:
         assert marker not in text
     plain = _json_unescaped(text)
     secrets = secret_lines(lab)
     assert len(secrets) > 20
     assert [line for line in secrets if line in plain] == []  # not even part of a solution or hidden test
-    for check in lab.checks:
-        if check.hidden:
-            assert check.source not in plain
     by_id = {c.metadata.get("grading", {}).get("id"): c for c in nb.cells if "grading" in c.metadata}
     for task in lab.tasks.values():
         stub = by_id[task.answer_id].source
@@ -150,3 +147,18 @@ def test_broken_sources_are_rejected_with_a_reason(tmp_path, cells, complaint):
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     with pytest.raises(SourceError, match=complaint):
         LabSource.load(path)
+
+
+def test_a_check_is_hidden_when_it_has_a_hidden_region_not_when_its_source_ends_in_a_newline(tmp_path):
+    path = tmp_path / "lab09_small.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        _cell(ANSWER, kind="answer", id="f", task="f"),
+        _cell("assert f(1) == 1\n", kind="test", id="public", task="f", points=1),
+        _cell("assert f(1) == 1\n### BEGIN HIDDEN TESTS\nassert f(2) == 2\n### END HIDDEN TESTS\n",
+              kind="test", id="mixed", task="f", points=1),
+        _cell("### BEGIN HIDDEN TESTS\nassert f(3) == 3\n### END HIDDEN TESTS", kind="test", id="all", task="f",
+              points=1)]), path)
+    checks = {c.id: c for c in LabSource.load(path).checks}
+    assert checks["public"].source == "assert f(1) == 1\n"  # kept as written: the newline is not hidden
+    assert [checks[i].hidden for i in ("public", "mixed", "all")] == [False, True, True]
+    assert [checks[i].public_source for i in ("public", "mixed", "all")] == ["assert f(1) == 1"] * 2 + [None]

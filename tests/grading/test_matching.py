@@ -3,6 +3,7 @@ the in-kernel harness, feedback messages, the resource-limit wrapper."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -13,9 +14,9 @@ import pytest
 from tests.grading.submissions import ROOT, build
 from utils.grading.execute import CellOutcome
 from utils.grading.feedback import explain_check
-from utils.grading.grade import check_source, plan, read_submission
+from utils.grading.grade import plan, read_submission
 from utils.grading.harness import run_check
-from utils.grading.notebook_source import Check, LabSource, find_lab
+from utils.grading.notebook_source import Check, LabSource, find_lab, hidden_regions
 from utils.grading.sandbox import Limits
 
 LAB = LabSource.load(find_lab(ROOT, "lab03"))
@@ -32,6 +33,12 @@ def _layout(planned):
     return [p.check.id if p.check else p.number for p in planned]
 
 
+def _code_run(planned_check) -> str:
+    """The code a planned check cell hands to the harness (its call's first argument)."""
+    call = ast.parse(planned_check.source).body[-1].value
+    return ast.literal_eval(call.args[0])
+
+
 def test_checks_follow_their_answers_and_student_test_cells_are_dropped(tmp_path):
     planned, notes = plan(LAB, _cells(tmp_path, build(LAB, "tests_edited")), 10)
     order = _layout(planned)
@@ -40,7 +47,14 @@ def test_checks_follow_their_answers_and_student_test_cells_are_dropped(tmp_path
     assert order[2:4] == ["loads_public", "loads_hidden"]
     assert "assert True" not in "".join(p.source for p in planned)  # the edited test cells are gone
     assert [x for x in order if isinstance(x, str)] == [c.id for c in LAB.checks]
-    assert all(p.source == check_source(p.check) for p in planned if p.check)
+    ran = {p.check.id: _code_run(p) for p in planned if p.check}
+    student_copy = "\n".join(c.source for c in LAB.student_copy().cells)
+    hidden = [c for c in LAB.checks if c.hidden]
+    assert hidden
+    for check in hidden:  # what runs is the source's whole cell, hidden region included
+        assert ran[check.id] == check.source
+        regions = hidden_regions(check.source)
+        assert regions and all(r.strip() and r not in student_copy for r in regions)
 
 
 def test_metadata_lost_still_matches_by_function_name_and_keeps_setup_timeouts(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.grading.submissions import ROOT
 from utils.grading.__main__ import main
-from utils.grading.release import ReleaseError, _json_unescaped, build_release, secrets
+from utils.grading.release import MARKERS, ReleaseError, _json_unescaped, build_release, secrets
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_release_has_no_solutions_hidden_tests_or_grader(release):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         plain = _json_unescaped(text)
-        for marker in ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "BEGIN SOLUTION", "END SOLUTION"):
+        for marker in MARKERS:
             assert marker not in text, f"{path}: {marker}"
         if path.suffix == ".ipynb" and path.parent.name == "labs":
             assert [line for line in lines if line in plain] == [], path

@@ -16,7 +16,6 @@ Output folder::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing
 import os
@@ -29,8 +28,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 
-import psutil
-
+from ..launch import end_process_tree
 from .feedback import fmt, markdown, write_csv
 from .grade import Options, SubmissionResult, grade_notebook
 from .notebook_source import LabSource, dumps
@@ -90,13 +88,8 @@ def _child(lab_path: str, submission: Submission, options: Options, result_path:
 
 
 def _kill(process: multiprocessing.Process) -> None:
-    with contextlib.suppress(psutil.Error):
-        parent = psutil.Process(process.pid)
-        procs = [*parent.children(recursive=True), parent]
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        psutil.wait_procs(procs, timeout=5)
+    """Kill a grading process and everything it started (kernel, jobs) at once: no grace."""
+    end_process_tree(process.pid, grace=0, reap=5)
     process.join(5)
 
 
@@ -112,7 +105,6 @@ def grade_batch(lab_path: LabSource | str | Path, submissions: str | Path, out: 
     loaded lab source."""
     lab = _load(lab_path)
     out = Path(out)
-    (out / "feedback").mkdir(parents=True, exist_ok=True)
     (out / "instructor").mkdir(parents=True, exist_ok=True)
     options = options or Options()
     queue = discover(Path(submissions), lab)

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import psutil
@@ -30,6 +29,7 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
+from ..launch import end_process_tree
 from .sandbox import Limits
 
 TIMEOUT_ENAME = "CellTimeout"
@@ -38,6 +38,8 @@ PROBE_SECONDS = (5, 30)
 own timeout, clamped to this range (a job being stopped needs a few seconds to clean up)."""
 MAX_RESTARTS = 4
 """Restarts per notebook; cells after the last one allowed are reported as not run."""
+STARTUP_TIMEOUT = 180
+"""Seconds a new kernel gets to start and answer."""
 
 
 class LimitedKernelManager(AsyncKernelManager):
@@ -71,17 +73,13 @@ class Cell:
 
     source: str
     timeout: float
-    tag: Any = None
-    """Caller's reference (which student cell or check this is)."""
 
 
 class KernelSession:
     """One kernel: start it, run cells with timeouts, stop it with everything it started."""
 
-    def __init__(self, workdir: Path, env: dict[str, str], limits: Limits, *,
-                 startup_timeout: float = 180):
+    def __init__(self, workdir: Path, env: dict[str, str], limits: Limits):
         self.workdir, self.env, self.limits = workdir, env, limits
-        self.startup_timeout = startup_timeout
         self.client: NotebookClient | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._reply: dict | None = None
@@ -94,7 +92,7 @@ class KernelSession:
         self.client = NotebookClient(
             scratch, km=km, timeout=60, allow_errors=True, interrupt_on_timeout=True,
             error_on_timeout={"ename": TIMEOUT_ENAME, "evalue": "cell timed out", "traceback": []},
-            startup_timeout=int(self.startup_timeout), shutdown_kernel="immediate",
+            startup_timeout=STARTUP_TIMEOUT, shutdown_kernel="immediate",
             record_timing=False, resources={"metadata": {"path": str(self.workdir)}},
             on_cell_executed=self._remember_reply)
         self._stack = contextlib.AsyncExitStack()
@@ -147,19 +145,8 @@ class KernelSession:
         if self._stack is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._stack.aclose(), timeout=30)
-        _end(children)
+        end_process_tree(children, grace=3.0)  # listed before the shutdown, while still its children
         self._stack, self.client, self._pid = None, None, None
-
-
-def _end(processes: list[psutil.Process]) -> None:
-    for p in processes:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=3)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=3)
 
 
 async def run_cells(cells: list[Cell], workdir: Path, env: dict[str, str], limits: Limits, *,

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import nbformat
 
+from ..launch import PACKAGE_PARENT as PROJECT_ROOT
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
 from .notebook_source import KERNELSPEC, Check, LabSource, defined_names, normalise
 from .sandbox import Limits
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CELL_TIMEOUT = 120.0
 #: Tokens that deserve a human look: tampering with the kernel or reaching for the answers.
 REVIEW_TOKENS = ("input_transformers", "ast_transformers", "set_custom_exc", "events.register",
@@ -277,7 +277,7 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
                             ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
         if options.runs is not None:
             shutil.copytree(options.runs, workdir / "runs", dirs_exist_ok=True)
-        to_run = [Cell(p.source, p.timeout, tag=p) for p in planned]
+        to_run = [Cell(p.source, p.timeout) for p in planned]
         outcomes = await run_cells(to_run, workdir, kernel_env(workdir, PROJECT_ROOT), options.limits, log=log)
         for p, outcome in zip(planned, outcomes):
             _record(result, p, outcome)

@@ -70,8 +70,9 @@ class Check:
 
     @property
     def hidden(self) -> bool:
-        """Whether any part of the cell is hidden from students."""
-        return self.public_source != self.source
+        """Whether any part of the cell is hidden from students: it has a hidden-test region,
+        or nothing of it is shown at all."""
+        return self.public_source is None or bool(hidden_regions(self.source))
 
 
 @dataclass(frozen=True)
@@ -301,34 +302,29 @@ def strip_hidden(source: str, where: str = "") -> str | None:
     return "\n".join(keep) if code else None
 
 
+def _region_texts(source: str, begin: re.Pattern, end: re.Pattern) -> list[str]:
+    """The text inside each `begin` ... `end` region of a cell, markers excluded."""
+    lines = source.splitlines()
+    return ["\n".join(lines[b + 1:e]) for b, e in _regions(lines, begin, end, "")]
+
+
 def solution_regions(source: str) -> list[str]:
     """The text inside each solution region of a cell (for checking that none leaks)."""
-    lines = source.splitlines()
-    return ["\n".join(lines[b + 1:e]) for b, e in _regions(lines, BEGIN_SOLUTION, END_SOLUTION, "")]
+    return _region_texts(source, BEGIN_SOLUTION, END_SOLUTION)
 
 
 def hidden_regions(source: str) -> list[str]:
     """The text inside each hidden-test region of a cell."""
-    lines = source.splitlines()
-    return ["\n".join(lines[b + 1:e]) for b, e in _regions(lines, BEGIN_HIDDEN, END_HIDDEN, "")]
+    return _region_texts(source, BEGIN_HIDDEN, END_HIDDEN)
 
 
 def secret_lines(lab: LabSource, min_length: int = 20) -> list[str]:
     """Lines of solution regions and hidden tests that must not reach students: those of at
     least `min_length` characters (shorter ones occur by chance) that are not comments and do
-    not also appear in a part of the source students see anyway."""
-    public, regions = [], []
-    for cell in lab.nb.cells:
-        meta = cell.get("metadata", {}).get("grading", {})
-        kind = meta.get("kind")
-        regions += solution_regions(cell.source) + hidden_regions(cell.source)
-        if kind == "answer":
-            public.append(stub_solutions(cell.source, meta.get("task", "")))
-        elif kind == "test":
-            public.append(strip_hidden(cell.source) or "")
-        elif kind != "instructor":
-            public.append(cell.source)
-    seen = "\n".join(public)
+    not also appear in the student copy (which students see anyway)."""
+    regions = [text for cell in lab.nb.cells
+               for text in solution_regions(cell.source) + hidden_regions(cell.source)]
+    seen = "\n".join(cell.source for cell in lab.student_copy().cells)
     lines = {line.strip() for region in regions for line in region.splitlines()}
     return sorted(line for line in lines
                   if len(line) >= min_length and not line.startswith("#") and line not in seen)

@@ -1,6 +1,7 @@
 """Build what an instructor hands out: the workbook without solutions or hidden tests.
 
-The release holds ``chapters/``, ``labs/`` (regenerated and checked first), ``utils/``
+The release holds ``chapters/``, ``labs/`` (copied as committed, after checking that they
+are what ``solutions/`` generates: a stale copy fails the build), ``utils/``
 **without** ``utils/grading`` (students do not grade; the grader's sources name the hidden
 markers), ``README.md``, ``pyproject.toml``, ``environment.yml`` and ``Makefile``. No
 ``solutions/``, no ``tests/`` (they exercise the solutions), no ``runs/``.
