@@ -9,7 +9,7 @@ from .metrics import Metrics, MetricsSummary, compute_metrics
 from .models import PRESETS, get_model
 from .partition import LayerMemory, bottleneck, partition, stage_costs
 from .profiling import LayerProfile, profile_for_job, profile_layers
-from .runs import Run, list_runs, runs_dir
+from .runs import Run, find_run, list_runs, runs_dir
 from .schedules import Action, Schedule, build, parse_action
 from .simulate import simulate
 from .spec import Fault, JobSpec
@@ -37,7 +37,7 @@ __all__ = [
     "Action", "Event", "Fault", "JobFailed", "JobSpec", "LayerMemory", "Metrics", "MetricsSummary",
     "LayerProfile", "PRESETS", "Run", "RunPanel", "RunningJob", "TimelineExplorer", "Schedule", "Timeline", "best", "bottleneck", "build",
     "bubble_overhead_interleaved", "bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved",
-    "compare_timelines", "compute_metrics", "get_model", "list_runs", "parse_action", "partition",
+    "compare_timelines", "compute_metrics", "find_run", "get_model", "list_runs", "parse_action", "partition",
     "plot_memory", "plot_stage_breakdown", "plot_sweep", "plot_timeline", "predict", "profile_for_job", "profile_layers", "run_job",
     "runs_dir", "search_micro_batches", "simulate", "stage_costs", "stage_costs_from_timeline",
     "start_job",

@@ -194,6 +194,33 @@ def list_runs(directory: str | Path | None = None) -> list[Run]:
     return [Run.load(p) for p in sorted(root.iterdir()) if (p / "spec.json").exists()]
 
 
+def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
+    """The newest run under `directory` (default `runs_dir()`) that succeeded with exactly
+    `spec`, else None; ``find_run(spec) or run_job(spec)`` reuses a finished job instead of
+    running it again.
+
+    Only each record's ``spec.json`` is read until one matches, so a long ``runs/`` costs
+    little; records whose spec this version cannot read (an older format, a half-written
+    file) are skipped, and so are failed, stopped and incomplete runs.
+    """
+    root = Path(directory) if directory else runs_dir()
+    if not root.exists():
+        return None
+    for path in sorted(root.iterdir(), reverse=True):  # names start with the start time
+        data = read_json(path / "spec.json")
+        if not isinstance(data, dict):
+            continue
+        try:
+            recorded = JobSpec.from_dict(data)
+        except (TypeError, ValueError, KeyError):
+            continue
+        if recorded == spec:
+            run = Run.load(path)
+            if run.ok:
+                return run
+    return None
+
+
 def _alive(pid) -> bool:
     if not pid:
         return False

@@ -1,0 +1,89 @@
+"""`find_run` on hand-written run records (no jobs): which record it reuses, which it skips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from utils import JobSpec, Run, find_run
+from utils import runs as runs_module
+
+SPEC = JobSpec(num_stages=2, micro_batches=4, steps=3, name="reuse-me")
+
+
+def record(root, name: str, spec: JobSpec | dict | str, state: str = "succeeded"):
+    """A run directory as the launcher leaves it, minus the rank files `find_run` never reads."""
+    path = root / name
+    path.mkdir(parents=True)
+    text = spec.to_json() if isinstance(spec, JobSpec) else spec if isinstance(spec, str) else json.dumps(spec)
+    (path / "spec.json").write_text(text, encoding="utf-8")
+    (path / "status.json").write_text(json.dumps({"state": state, "started": 1.0, "finished": 2.0}),
+                                      encoding="utf-8")
+    return path
+
+
+def test_the_newest_successful_run_with_the_same_spec_is_found(tmp_path):
+    record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    newest_ok = record(tmp_path, "20260101-110000-reuse-me-bbbbbb", SPEC)
+    record(tmp_path, "20260101-120000-reuse-me-cccccc", SPEC, state="failed")
+    record(tmp_path, "20260101-130000-reuse-me-dddddd", SPEC, state="stopped")
+    record(tmp_path, "20260101-140000-other-eeeeee", JobSpec(num_stages=2, micro_batches=8, steps=3,
+                                                             name="reuse-me"))
+    found = find_run(SPEC, tmp_path)
+    assert isinstance(found, Run) and found.path == newest_ok and found.ok and found.spec == SPEC
+
+
+def test_no_match_gives_none(tmp_path):
+    record(tmp_path, "20260101-100000-x-aaaaaa", SPEC, state="failed")
+    record(tmp_path, "20260101-110000-x-bbbbbb", JobSpec(num_stages=2, micro_batches=4, steps=4,
+                                                         name="reuse-me"))
+    assert find_run(SPEC, tmp_path) is None
+    assert find_run(SPEC, tmp_path / "not-there") is None
+
+
+def test_unreadable_and_old_records_are_skipped(tmp_path):
+    good = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    record(tmp_path, "20260101-110000-half-bbbbbb", '{"model": "gp')               # half written
+    record(tmp_path, "20260101-120000-old-cccccc", {**SPEC.to_dict(), "pipeline": 2})  # unknown field
+    record(tmp_path, "20260101-130000-list-dddddd", "[1, 2]")                        # not a spec at all
+    (tmp_path / "20260101-140000-no-spec-eeeeee").mkdir()                           # no spec.json
+    (tmp_path / "notes.txt").write_text("not a run directory", encoding="utf-8")
+    assert find_run(SPEC, tmp_path).path == good
+
+
+def test_a_running_run_whose_launcher_is_gone_is_not_reused(tmp_path):
+    path = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    (path / "status.json").write_text(json.dumps({"state": "running", "launcher_pid": 2**22 + 12345}),
+                                      encoding="utf-8")
+    assert find_run(SPEC, tmp_path) is None
+
+
+def test_only_the_matching_record_is_loaded(tmp_path, monkeypatch):
+    for i in range(20):
+        record(tmp_path, f"20260101-1000{i:02d}-other-{i:06d}",
+               JobSpec(num_stages=2, micro_batches=4, steps=3, name=f"other-{i}"))
+    match = record(tmp_path, "20260101-090000-reuse-me-aaaaaa", SPEC)  # the oldest of all
+    loaded = []
+    real_load = Run.load.__func__
+
+    def counting_load(cls, path):
+        loaded.append(path)
+        return real_load(cls, path)
+
+    monkeypatch.setattr(Run, "load", classmethod(counting_load))
+    assert find_run(SPEC, tmp_path).path == match
+    assert loaded == [match]
+
+
+def test_default_directory_is_runs_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_RUNS", str(tmp_path))
+    path = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    assert runs_module.runs_dir() == tmp_path
+    assert find_run(SPEC).path == path
+
+
+@pytest.mark.parametrize("state", ["failed", "timeout", "stopped", "incomplete"])
+def test_every_unsuccessful_final_state_is_skipped(tmp_path, state):
+    record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC, state=state)
+    assert find_run(SPEC, tmp_path) is None
