@@ -43,7 +43,7 @@ test-notebooks: setup
 # Headless, e.g. on a GPU node over SSH: a real pipeline job, its timeline as standalone
 # HTML and a Chrome trace (open in https://ui.perfetto.dev) under demo-output/.
 demo: setup
-	$(PY) -m utils.demo --out demo-output
+	$(PY) -m utils.ui.demo --out demo-output
 
 bench: setup
 	$(PY) benchmarks/tracer_overhead.py

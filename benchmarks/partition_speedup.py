@@ -20,7 +20,7 @@ latest one.
 16 micro-batches by default: fill and drain cost about (p - 1) micro-batch times whatever
 the partition, so few micro-batches dilute what a better partition gains. Each profile
 prints that ceiling: the parameters / balanced step-time ratio its own costs imply for 1F1B
-(`utils.theory.makespan_estimate`); ``--micro-batches 16 32`` shows the measured ratio
+(`utils.analysis.theory.makespan_estimate`); ``--micro-batches 16 32`` shows the measured ratio
 approach it as m grows.
 
 It prints per run and per method:
@@ -30,7 +30,7 @@ It prints per run and per method:
 - the slowest stage's measured compute per step (forward + backward, median over steps)
   against the prediction recorded before launch (predicted per-micro-batch cost of that
   stage × micro-batches), as a relative error;
-- the 1F1B formula (`utils.theory.makespan_estimate`) on the per-stage compute the run
+- the 1F1B formula (`utils.analysis.theory.makespan_estimate`) on the per-stage compute the run
   measured, and the time its slowest stage spent inside send/recv per step: DeepSpeed's
   p2p calls block until the neighbour joins them, so in a balanced pipeline, where the
   neighbour is always busy, each handshake waits on the critical path. The summary chains
@@ -97,7 +97,7 @@ def run_sampled(spec, directory: Path):
     import psutil
 
     from utils import start_job
-    from utils.runs import read_jsonl
+    from utils.jobs.runs import read_jsonl
 
     job = start_job(spec, directory=directory)
     procs: dict[int, psutil.Process] = {}
@@ -129,7 +129,7 @@ def run_sampled(spec, directory: Path):
 
 def measure(run, cpu_per_step: dict[int, float], core_share: float | None) -> dict:
     """What one finished run says: step time, bubble, slowest stage measured vs predicted."""
-    from utils.theory import makespan_estimate
+    from utils.analysis.theory import makespan_estimate
     from utils.timeline import COMM_KINDS
 
     spec = run.spec
@@ -173,9 +173,9 @@ def ms(values) -> str:
 
 def ideal_ratio(profile, stages: int, micro_batches: int) -> float:
     """parameters / balanced step time that the profile's costs imply for 1F1B
-    (`utils.theory.makespan_estimate`: no communication, no per-step work, no noise): the
+    (`utils.analysis.theory.makespan_estimate`: no communication, no per-step work, no noise): the
     most any measured ratio can be expected to show."""
-    from utils.theory import makespan_estimate
+    from utils.analysis.theory import makespan_estimate
 
     rows = {r["method"]: r["stage_ms"] for r in profile.compare_partitions(stages)}
     return (makespan_estimate(rows["parameters"], micro_batches)
@@ -185,7 +185,7 @@ def ideal_ratio(profile, stages: int, micro_batches: int) -> float:
 def run_rounds(args, base: dict, directory: Path) -> list[dict]:
     """All rounds of one (stages, micro-batches) configuration; prints as it goes."""
     from utils import JobSpec
-    from utils.profiling import profile_for_job
+    from utils.profiling.profile import profile_for_job
 
     stages, micro_batches = base["num_stages"], base["micro_batches"]
     rows: list[dict] = []

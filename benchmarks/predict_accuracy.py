@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import utils  # noqa: E402
-from utils.whatif import _time_search  # noqa: E402
+from utils.planning.whatif import _time_search  # noqa: E402
 
 PARTITIONS = {"parameters": "parameters", "[0,6,8]": [0, 6, 8]}
 MICRO_BATCHES = (2, 4, 8, 16)
@@ -55,7 +55,7 @@ def main() -> None:
         for (m, schedule), run in runs.items():
             if run is calibration:
                 continue
-            predicted = utils.predict(calibration.timeline, micro_batches=m, schedule=schedule)
+            predicted = utils.predict_from_timeline(calibration.timeline, micro_batches=m, schedule=schedule)
             real, _ = measured(run)
             guess = predicted.metrics().makespan + remainder
             rows.append((label, schedule, m, real, guess, abs(guess - real) / real))

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def job_spec(args):
-    from utils.spec import JobSpec
+    from utils.jobs.spec import JobSpec
 
     return JobSpec(model=args.model, num_stages=args.stages, micro_batches=args.micro_batches,
                    steps=args.steps, device=args.device)
@@ -31,10 +31,10 @@ def job_spec(args):
 def worker(args) -> None:
     import torch
 
-    from utils.cpu_setup import prepare_cpu_rank
-    from utils.job import build_engine
-    from utils.models import batches, get_model
-    from utils.tracing import CudaClock, HostClock, InstructionTracer
+    from utils.system.cpu import prepare_cpu_rank
+    from utils.runtime.rank import build_engine
+    from utils.workloads.models import batches, get_model
+    from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
 
     spec = job_spec(args)
     device = args.device  # resolved by the parent, which set up this process's environment
@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from utils.launch import _environment
+    from utils.jobs.launch import _environment
 
     spec = job_spec(args)
     spec.check()

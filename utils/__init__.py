@@ -1,44 +1,60 @@
-"""Helpers of the workbook 《DeepSpeed 流水线负载均衡与动态调度》.
+"""Helpers of the workbook 《DeepSpeed 流水线负载均衡与动态调度》: the notebook API.
 
-Importing the package starts nothing and does not import DeepSpeed: jobs run in their own
-processes (`run_job`), and only those import it.
+Every name below is what chapters and labs use, grouped by the course arc; each is loaded
+from its module on first use (PEP 562), so ``import utils`` starts nothing, imports neither
+torch nor DeepSpeed, and job processes (which import this package) pay only for what they
+use. The modules themselves are listed in docs/architecture.md; ``utils.<name>.__module__``
+says where a name lives. tests/unit/test_api.py keeps this list from changing by accident.
 """
 
-from .launch import JobFailed, RunningJob, run_job, start_job
-from .metrics import Metrics, MetricsSummary, compute_metrics
-from .models import PRESETS, get_model
-from .partition import LayerMemory, bottleneck, partition, stage_costs
-from .profiling import LayerProfile, profile_for_job, profile_layers
-from .runs import Run, find_run, list_runs, runs_dir
-from .schedules import Action, Schedule, build, parse_action
-from .simulate import simulate
-from .spec import Fault, JobSpec
-from .theory import bubble_overhead_interleaved, bubble_ratio_1f1b, bubble_ratio_gpipe, bubble_ratio_interleaved
-from .timeline import Event, Timeline
-from .whatif import best, predict, search_micro_batches, stage_costs_from_timeline
+from __future__ import annotations
+
+import importlib
+
+_API: dict[str, tuple[str, ...]] = {
+    # 1. Describe and run a real DeepSpeed pipeline job, and read its record.
+    "utils.jobs.spec": ("JobSpec", "Fault"),
+    "utils.jobs.plan": ("JobPlan", "plan_job", "profile_for_job"),
+    "utils.jobs.config": ("deepspeed_config",),
+    "utils.jobs.launch": ("run_job", "start_job", "RunningJob", "JobFailed"),
+    "utils.jobs.runs": ("Run", "find_run", "list_runs"),
+    "utils.jobs.rundir": ("runs_dir",),
+    "utils.workloads.models": ("get_model", "PRESETS"),
+    "utils.workloads.reference": ("train_sequential",),
+    # 2. The one data model, and what is measured on it.
+    "utils.timeline": ("Event", "Timeline"),
+    "utils.analysis.metrics": ("Metrics", "compute_metrics"),
+    "utils.analysis.summary": ("MetricsSummary",),
+    "utils.analysis.theory": ("bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved",
+                              "bubble_overhead_interleaved", "bubble_ratio_estimate", "makespan_estimate"),
+    # 3. Plan without processes: schedules as data, the simulator (a model, never a measurement).
+    "utils.planning.schedules": ("Action", "Schedule", "build_schedule", "parse_action"),
+    "utils.planning.simulator": ("simulate",),
+    # 4. Balance the stages: per-layer profiles and exact partitions.
+    "utils.profiling.result": ("LayerProfile",),
+    "utils.profiling.profile": ("profile_layers",),
+    "utils.planning.partitioning": ("partition_layers", "stage_costs", "bottleneck", "LayerMemory"),
+    # 5. What if: predictions calibrated on a measured run, searched, then confirmed for real.
+    "utils.planning.whatif": ("measured_stage_costs", "predict_from_timeline", "search_micro_batches",
+                              "fastest_within_memory"),
+    "utils.jobs.confirm": ("confirm_top",),
+    # 6. See it: plotly figures and notebook widgets.
+    "utils.ui.plots": ("plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory"),
+    "utils.ui.widgets": ("RunPanel", "TimelineExplorer"),
+}
+
+_MODULE_OF = {name: module for module, names in _API.items() for name in names}
+__all__ = sorted(_MODULE_OF)
 
 
-#: Loaded on first use, so job processes (which import this package) never pay for plotly
-#: or ipywidgets.
-_LAZY = {"RunPanel": "widgets", "TimelineExplorer": "widgets", "compare_timelines": "plots",
-         "plot_memory": "plots", "plot_stage_breakdown": "plots", "plot_sweep": "plots",
-         "plot_timeline": "plots"}
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'utils' has no attribute {name!r}")
-
-
-__all__ = [
-    "Action", "Event", "Fault", "JobFailed", "JobSpec", "LayerMemory", "Metrics", "MetricsSummary",
-    "LayerProfile", "PRESETS", "Run", "RunPanel", "RunningJob", "TimelineExplorer", "Schedule", "Timeline", "best", "bottleneck", "build",
-    "bubble_overhead_interleaved", "bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved",
-    "compare_timelines", "compute_metrics", "find_run", "get_model", "list_runs", "parse_action", "partition",
-    "plot_memory", "plot_stage_breakdown", "plot_sweep", "plot_timeline", "predict", "profile_for_job", "profile_layers", "run_job",
-    "runs_dir", "search_micro_batches", "simulate", "stage_costs", "stage_costs_from_timeline",
-    "start_job",
-]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -10,18 +10,44 @@ common to all stages of the timeline.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal, get_args
 
-#: Instruction kinds that do model computation (they count as "busy" in the bubble ratio).
-COMPUTE_KINDS = ("forward", "backward", "backward_input", "backward_weight")
-#: Point-to-point communication between neighbouring stages.
-COMM_KINDS = ("send_act", "recv_act", "send_grad", "recv_grad")
-#: Instructions that run once per step, after the pipeline has drained.
-STEP_KINDS = ("reduce_tied_grads", "reduce_grads", "optimizer_step")
-#: Every kind an event may have, in the order plots list them.
-KINDS = COMPUTE_KINDS + ("load",) + COMM_KINDS + STEP_KINDS
+ComputeKind = Literal["forward", "backward", "backward_input", "backward_weight"]
+"""Instruction kinds that do model computation (they count as "busy" in the bubble ratio)."""
+CommKind = Literal["send_act", "recv_act", "send_grad", "recv_grad"]
+"""Point-to-point communication between neighbouring stages."""
+StepKind = Literal["reduce_tied_grads", "reduce_grads", "optimizer_step"]
+"""Instructions that run once per step, after the pipeline has drained."""
+EventKind = Literal[ComputeKind, "load", CommKind, StepKind]
+"""Every kind an event may have, in the order plots list them."""
+
+COMPUTE_KINDS: tuple[str, ...] = get_args(ComputeKind)
+COMM_KINDS: tuple[str, ...] = get_args(CommKind)
+STEP_KINDS: tuple[str, ...] = get_args(StepKind)
+KINDS: tuple[str, ...] = COMPUTE_KINDS + ("load",) + COMM_KINDS + STEP_KINDS
+
+InstructionKind = Literal["load", "forward", "backward", "send_act", "recv_act", "send_grad", "recv_grad",
+                          "reduce_tied_grads", "reduce_grads", "optimizer_step"]
+"""Event kinds of the instructions DeepSpeed's `PipelineEngine` executes."""
+INSTRUCTION_KINDS: tuple[str, ...] = get_args(InstructionKind)
+
+#: DeepSpeed instruction class name -> event kind (`utils.runtime.tracing` records these;
+#: an instruction outside this table runs untraced).
+KIND_OF_INSTRUCTION = {
+    "LoadMicroBatch": "load",
+    "ForwardPass": "forward",
+    "BackwardPass": "backward",
+    "SendActivation": "send_act",
+    "RecvActivation": "recv_act",
+    "SendGrad": "send_grad",
+    "RecvGrad": "recv_grad",
+    "ReduceTiedGrads": "reduce_tied_grads",
+    "ReduceGrads": "reduce_grads",
+    "OptimizerStep": "optimizer_step",
+}
 
 #: Short letters for compact printing (PyTorch's schedules print actions as ``1F0``).
 KIND_LETTER = {
@@ -50,7 +76,7 @@ class Event:
     """Global process rank that executed it (differs from `stage` with data parallelism)."""
     step: int
     """Training step (one `train_batch` call), counted from 0."""
-    kind: str
+    kind: EventKind
     """One of `KINDS`."""
     micro_batch: int | None
     """Micro-batch served, counted from 0 within the step; None for per-step instructions."""
@@ -133,8 +159,8 @@ class Timeline:
                 for e in self.select(step=step, stage=stage, kinds=COMPUTE_KINDS, rank=rank)]
 
     def metrics(self, step: int | None = None, **options):
-        """Bubble ratio, utilisation and the rest: see `utils.metrics.compute_metrics`."""
-        from .metrics import compute_metrics  # metrics build on the model, not the reverse
+        """Bubble ratio, utilisation and the rest: see `utils.analysis.metrics.compute_metrics`."""
+        from utils.analysis.metrics import compute_metrics  # metrics build on the model, not the reverse
 
         return compute_metrics(self, step=step, **options)
 
@@ -182,12 +208,6 @@ class Timeline:
                    "otherData": {"source": self.source, "label": self.label}}
         path.write_text(json.dumps(payload), encoding="utf-8")
         return path
-
-
-def merge(events_per_rank: Sequence[Iterable[Event]], **timeline_fields) -> Timeline:
-    """Join the events each rank recorded into one `Timeline`."""
-    events = tuple(e for rank_events in events_per_rank for e in rank_events)
-    return Timeline(events=events, **timeline_fields)
 
 
 def _event_order(e: Event) -> tuple:

@@ -74,11 +74,11 @@ def _notebook() -> nbformat.NotebookNode:
         nbformat.v4.new_markdown_cell("# Browser check: a timeline figure and the run panel"),
         nbformat.v4.new_code_cell(
             "import utils\n"
-            "from utils.widgets import RunPanel, TimelineExplorer\n\n"
-            "simulated = utils.simulate(utils.build('1f1b', 4, 8), forward=1e-3, backward=2e-3)\n"
+            "from utils.ui.widgets import RunPanel, TimelineExplorer\n\n"
+            "simulated = utils.simulate(utils.build_schedule('1f1b', 4, 8), forward=1e-3, backward=2e-3)\n"
             "utils.plot_timeline(simulated)"),
         nbformat.v4.new_code_cell(
-            "TimelineExplorer(utils.simulate(utils.build('gpipe', 4, 8), forward=1e-3, backward=2e-3))"),
+            "TimelineExplorer(utils.simulate(utils.build_schedule('gpipe', 4, 8), forward=1e-3, backward=2e-3))"),
         nbformat.v4.new_code_cell(
             "# A tiny real job: the test presses this panel's Run button in the page.\n"
             f"panel = RunPanel(utils.JobSpec(**{spec!r}))\n"

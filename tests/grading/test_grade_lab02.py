@@ -15,7 +15,7 @@ import pytest
 from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, write_all
 from utils.grading import Options, grade_batch
 from utils.grading.notebook_source import LabSource, find_lab
-from utils.runs import list_runs
+from utils.jobs.runs import list_runs
 
 pytestmark = pytest.mark.integration
 

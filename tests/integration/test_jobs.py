@@ -5,7 +5,7 @@ from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSche
 
 from tests.helpers import SMALL_GPT
 from utils import JobSpec, run_job, start_job
-from utils.reference import train_sequential
+from utils.workloads.reference import train_sequential
 from utils.timeline import COMM_KINDS
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ import pytest
 
 import utils
 from tests.helpers import SMALL_GPT
-from utils.whatif import confirm_top
+from utils.jobs.confirm import confirm_top
 
 pytestmark = pytest.mark.integration
 
@@ -15,7 +15,7 @@ def measured(runs_root):
 
 
 def test_prediction_of_the_same_configuration_reproduces_the_run(measured):
-    predicted = utils.predict(measured.timeline)
+    predicted = utils.predict_from_timeline(measured.timeline)
     assert predicted.source == "simulated"
     real = measured.timeline.metrics().makespan
     # The same configuration: only noise and what the simulator leaves out separate them.
@@ -23,20 +23,20 @@ def test_prediction_of_the_same_configuration_reproduces_the_run(measured):
 
 
 def test_more_micro_batches_are_predicted_to_take_longer_but_bubble_less(measured):
-    base, more = utils.predict(measured.timeline), utils.predict(measured.timeline, micro_batches=16)
+    base, more = utils.predict_from_timeline(measured.timeline), utils.predict_from_timeline(measured.timeline, micro_batches=16)
     assert more.metrics().makespan > 2 * base.metrics().makespan
     assert more.metrics().bubble_ratio < base.metrics().bubble_ratio
 
 
 def test_one_plotting_function_draws_both(measured):
-    fig = utils.compare_timelines(measured.timeline, utils.predict(measured.timeline),
+    fig = utils.compare_timelines(measured.timeline, utils.predict_from_timeline(measured.timeline),
                                   labels=("measured", "simulated"))
     text = fig.to_html(include_plotlyjs=False)
     assert "measured" in text and "simulated" in text
 
 
 def test_searched_candidates_are_confirmed_by_real_runs(measured):
-    costs = utils.stage_costs_from_timeline(measured.timeline)
+    costs = utils.measured_stage_costs(measured.timeline)
     b = measured.spec.micro_batch_size
     rows = utils.search_micro_batches(8, num_stages=2, forward_per_sample=[f / b for f in costs.forward],
                                       backward_per_sample=[x / b for x in costs.backward],

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from tests.helpers import SMALL_GPT
-from utils import JobSpec, partition, run_job
-from utils.profiling import profile_for_job, profile_layers
+from utils import JobSpec, partition_layers, run_job, stage_costs
+from utils.profiling.profile import profile_for_job, profile_layers
 
 pytestmark = pytest.mark.integration
 
@@ -28,19 +28,19 @@ def test_profile_partition_is_imposed_and_recorded(runs_root, cache):
     run = run_job(spec, progress=False)
     profile = profile_for_job(spec)
     assert profile.cached  # the job's own profile, not a new measurement
-    expected = partition(profile.total, 2, method="balanced")
+    expected = partition_layers(profile.total, 2, method="balanced")
     assert run.parts == expected
     # every rank built exactly its profiled share of the layers
     assert {data["stage"]: data["layers"] for data in run.results.values()} == \
         {s: [expected[s], expected[s + 1]] for s in range(2)}
     assert run.partition_method == "profile"
-    assert run.predicted_stage_costs == pytest.approx(profile.stage_costs(expected))
+    assert run.predicted_stage_costs == pytest.approx(stage_costs(profile.total, expected))
     assert len(run.losses) == 2 and run.timeline.meta["parts"] == expected
 
     # a parameters run of the same job predicts from the cached profile too
     other = run_job(JobSpec(**{**spec.to_dict(), "partition": "parameters", "steps": 1}), progress=False)
     assert other.partition_method == "parameters"
-    assert other.predicted_stage_costs == pytest.approx(profile.stage_costs(other.parts))
+    assert other.predicted_stage_costs == pytest.approx(stage_costs(profile.total, other.parts))
 
     # On this small model the measured balance may coincide with DeepSpeed's split, so make
     # the cached profile say the head costs 10 blocks: the job must now run [0, 3, 4], a

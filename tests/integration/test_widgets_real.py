@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import SMALL_GPT, processes_of
 from utils import JobSpec
-from utils.widgets import PLOTLY_MIME, RunPanel
+from utils.ui.widgets import PLOTLY_MIME, RunPanel
 
 pytestmark = pytest.mark.integration
 

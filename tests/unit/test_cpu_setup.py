@@ -14,8 +14,8 @@ import numpy
 import pytest
 import torch
 
-from utils.cpu_setup import rank_threads
-from utils.models import seed_layer
+from utils.system.cpu import rank_threads
+from utils.workloads.models import seed_layer
 
 
 def _draws():
@@ -55,7 +55,7 @@ def test_rank_threads_shares_the_cores_and_never_drops_below_one():
 RSS_AFTER_FREE = textwrap.dedent("""
     import sys
     import psutil, torch
-    from utils.cpu_setup import keep_freed_memory
+    from utils.system.cpu import keep_freed_memory
     tuned = keep_freed_memory() if sys.argv[1] == "tuned" else None
     process = psutil.Process()
     base = process.memory_info().rss

@@ -10,8 +10,12 @@ import json
 
 import pytest
 
-from utils import theory
-from utils.metrics import Metrics, MetricsSummary, compute_metrics, interval_union, union_length
+from utils.analysis import theory
+from utils.analysis.intervals import interval_union, union_length
+from utils.analysis.metrics import Metrics, compute_metrics
+from utils.analysis.steps import steady_steps
+from utils.analysis.summary import MetricsSummary
+from utils.analysis.tables import html_table, text_table
 from tests.helpers import schedule_events
 from utils.timeline import Event, Timeline
 
@@ -211,6 +215,40 @@ def test_clear_errors():
         summary.for_step(9)
     with pytest.raises(ValueError, match="unknown metric"):
         summary.spread("speed")
+
+
+# --- step selection and tables ---------------------------------------------------------------
+def test_steady_steps_leaves_out_step_0_unless_it_is_alone():
+    assert steady_steps([0]) == [0]
+    assert steady_steps([0, 1, 2]) == [1, 2]
+    assert steady_steps([3, 4]) == [3, 4]          # only step 0 is warm-up, not the first one
+    assert steady_steps([0, 1, 2], skip_first=False) == [0, 1, 2]
+    assert steady_steps([0], skip_first=False) == [0]
+    assert steady_steps([]) == []
+    assert steady_steps(iter([0, 5])) == [5]
+
+
+def test_text_table_aligns_columns():
+    rows = [{"name": "a", "ms": 1.5}, {"name": "long<name>", "ms": 12.25}]
+    assert text_table(rows).splitlines() == ["      name     ms",
+                                             "         a    1.5",
+                                             "long<name>  12.25"]
+    left = text_table(rows, columns=["name"], align={"name": "left"}, min_width=6, indent="> ")
+    assert left.splitlines() == ["> name      ", "> a         ", "> long<name>"]
+    assert text_table([]) == ""
+    assert text_table([], columns=["x"]) == "x"
+
+
+def test_html_table_escapes_cells_and_headers():
+    rows = [{"a<b": "x & y", "n": 3}, {"a<b": "<script>", "n": None}]
+    page = html_table(rows, align={"a<b": "left"})
+    assert page.startswith("<table><thead><tr><th style='text-align:left'>a&lt;b</th>"
+                           "<th style='text-align:right'>n</th></tr></thead><tbody>")
+    assert "<td style='text-align:left'>x &amp; y</td><td style='text-align:right'>3</td>" in page
+    assert "&lt;script&gt;" in page and "<script>" not in page and ">None<" in page
+    assert page.count("<tr>") == 3 and page.endswith("</tbody></table>")
+    assert html_table([]) == ""
+    assert html_table(rows, columns=["n"]).count("</th>") == 1
 
 
 # --- theory -----------------------------------------------------------------------------------

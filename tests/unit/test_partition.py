@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from utils.partition import (LayerMemory, bottleneck, partition, stage_costs,
-                             stage_memory, validate_parts)
+from utils import validation
+from utils.planning.partitioning import LayerMemory, bottleneck, partition_layers, stage_costs, stage_memory
 
 
 def all_partitions(n: int, p: int):
@@ -31,7 +31,7 @@ def random_instance(rng: random.Random, max_n: int = 9):
 
 
 def assert_well_formed(parts, n, p):
-    assert validate_parts(parts, n, p) == parts
+    assert validation.boundaries(parts, n_layers=n, num_stages=p) == parts
     assert all(parts[s + 1] - parts[s] >= 1 for s in range(p))
 
 
@@ -47,7 +47,7 @@ def test_balanced_matches_brute_force():
     rng = random.Random(0)
     for _ in range(400):
         n, p, costs = random_instance(rng)
-        parts = partition(costs, p)
+        parts = partition_layers(costs, p)
         assert_well_formed(parts, n, p)
         best = min(bottleneck(costs, q) for q in all_partitions(n, p))
         assert bottleneck(costs, parts) == best, (costs, p, parts)
@@ -65,7 +65,7 @@ def test_balanced_with_link_cost_matches_brute_force():
     for _ in range(300):
         n, p, costs = random_instance(rng)
         link = [rng.choice([0, 1, 3, rng.uniform(0, 2)]) for _ in range(n - 1)]
-        parts = partition(costs, p, link_cost=link)
+        parts = partition_layers(costs, p, link_cost=link)
         assert_well_formed(parts, n, p)
         best = min(bottleneck(costs, q, link_cost=link) for q in all_partitions(n, p))
         assert bottleneck(costs, parts, link_cost=link) == best, (costs, link, p, parts)
@@ -89,10 +89,10 @@ def test_balanced_with_memory_cap_matches_brute_force():
         if not ok:
             infeasible += 1
             with pytest.raises(ValueError, match=r"no partition of .* fits .* stage \d+"):
-                partition(costs, p, memory=memory, memory_cap=cap, link_cost=link)
+                partition_layers(costs, p, memory=memory, memory_cap=cap, link_cost=link)
             continue
         feasible += 1
-        parts = partition(costs, p, memory=memory, memory_cap=cap, link_cost=link)
+        parts = partition_layers(costs, p, memory=memory, memory_cap=cap, link_cost=link)
         assert_well_formed(parts, n, p)
         assert max(stage_memory(memory, parts)) <= cap
         best = min(bottleneck(costs, q, link_cost=link) for q in ok)
@@ -103,23 +103,23 @@ def test_balanced_with_memory_cap_matches_brute_force():
 def test_ties_are_deterministic_and_even():
     # Every stage could take the cheap zero layers; the result spreads the rest evenly and
     # places boundaries as early as possible among equally even choices.
-    assert partition([1] * 8, 4) == [0, 2, 4, 6, 8]
-    assert partition([0, 0, 0, 0], 2) == [0, 1, 4]
-    assert partition([5, 1, 1, 1, 1, 1], 3) == partition([5, 1, 1, 1, 1, 1], 3)
-    assert partition([5, 1, 1, 1, 1, 1], 3) == [0, 1, 3, 6]
+    assert partition_layers([1] * 8, 4) == [0, 2, 4, 6, 8]
+    assert partition_layers([0, 0, 0, 0], 2) == [0, 1, 4]
+    assert partition_layers([5, 1, 1, 1, 1, 1], 3) == partition_layers([5, 1, 1, 1, 1, 1], 3)
+    assert partition_layers([5, 1, 1, 1, 1, 1], 3) == [0, 1, 3, 6]
 
 
 def test_edge_cases():
-    assert partition([3.0], 1) == [0, 1]
-    assert partition([1, 2, 3], 3) == [0, 1, 2, 3]  # p == n
-    assert partition([1, 2, 3], 1) == [0, 3]          # p == 1
-    assert partition([0, 0, 7, 0], 2) in ([0, 1, 4], [0, 2, 4], [0, 3, 4])
+    assert partition_layers([3.0], 1) == [0, 1]
+    assert partition_layers([1, 2, 3], 3) == [0, 1, 2, 3]  # p == n
+    assert partition_layers([1, 2, 3], 1) == [0, 3]          # p == 1
+    assert partition_layers([0, 0, 7, 0], 2) in ([0, 1, 4], [0, 2, 4], [0, 3, 4])
 
 
 def test_link_cost_moves_the_cut_to_a_cheap_link():
     costs = [1, 1, 1, 1]
     # Cutting in the middle is expensive; cutting after layer 0 costs nothing to send.
-    assert partition(costs, 2, link_cost=[0, 10, 0]) == [0, 1, 4]
+    assert partition_layers(costs, 2, link_cost=[0, 10, 0]) == [0, 1, 4]
     assert stage_costs(costs, [0, 1, 4], link_cost=[0, 10, 0]) == [1, 3]
     assert stage_costs(costs, [0, 2, 4], link_cost=[0, 10, 0]) == [12, 12]
 
@@ -132,7 +132,7 @@ def test_1f1b_memory_is_heaviest_on_the_first_stage():
                         micro_batches=8)
     assert stage_memory(gpipe, [0, 2, 4]) == [18, 18]
     # Under a cap the first stage of a 1F1B pipeline must take fewer layers.
-    assert partition([1] * 6, 2, memory=LayerMemory([0] * 6, [1] * 6, micro_batches=4),
+    assert partition_layers([1] * 6, 2, memory=LayerMemory([0] * 6, [1] * 6, micro_batches=4),
                      memory_cap=5) == [0, 2, 6]
 
 
@@ -140,7 +140,7 @@ def test_memory_error_names_stage_and_shortfall():
     gib = 2**30
     with pytest.raises(ValueError, match=r"2\.00 GiB per stage.*needs 2\.60 GiB on stage "
                                          r"0 .*0\.60 GiB over; raise memory_cap"):
-        partition([1, 1, 1], 3, memory=[2.6 * gib, 1 * gib, 1 * gib], memory_cap=2 * gib)
+        partition_layers([1, 1, 1], 3, memory=[2.6 * gib, 1 * gib, 1 * gib], memory_cap=2 * gib)
 
 
 # --- DeepSpeed's methods -----------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_memory_error_names_stage_and_shortfall():
 def test_uniform_equals_deepspeed(ds_utils):
     for n in range(1, 40):
         for p in range(1, n + 1):
-            assert partition([1.0] * n, p, method="uniform") == \
+            assert partition_layers([1.0] * n, p, method="uniform") == \
                 ds_utils.partition_uniform(num_items=n, num_parts=p)
 
 
@@ -158,7 +158,7 @@ def test_parameters_equals_deepspeed(ds_utils):
         n = rng.randint(1, 12)
         p = rng.randint(1, n)
         params = [rng.choice([0, 7, rng.randint(0, 10**6), rng.random()]) for _ in range(n)]
-        ours = partition([1.0] * n, p, method="parameters", params=params)
+        ours = partition_layers([1.0] * n, p, method="parameters", params=params)
         theirs = [int(b) for b in ds_utils.partition_balanced(weights=params, num_parts=p)]
         assert ours == theirs, (params, p)
         assert_well_formed(ours, n, p)
@@ -166,7 +166,7 @@ def test_parameters_equals_deepspeed(ds_utils):
 
 def test_deepspeed_parameters_is_not_exact_even_for_max_minus_min():
     w = [15, 15, 44, 10, 52]
-    ours = partition([1] * 5, 4, method="parameters", params=w)
+    ours = partition_layers([1] * 5, 4, method="parameters", params=w)
     assert ours == [0, 2, 3, 4, 5]
 
     def spread(q):
@@ -182,8 +182,8 @@ def test_parameter_balance_is_slower_than_compute_balance():
     blocks = 12
     params = [51_000_000] + [12_600_000] * blocks + [51_000_000]
     costs = [0.2] + [1.0] * blocks + [3.0]
-    by_params = partition(costs, 4, method="parameters", params=params)
-    by_compute = partition(costs, 4)
+    by_params = partition_layers(costs, 4, method="parameters", params=params)
+    by_compute = partition_layers(costs, 4)
     assert by_params == [0, 2, 7, 12, 14]
     assert bottleneck(costs, by_params) == 5.0
     assert bottleneck(costs, by_compute) == 4.0
@@ -195,7 +195,7 @@ def test_parameter_balance_is_slower_than_compute_balance():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(costs=[1, 2, 3, 4], num_stages=5),
      r"cannot give every one of 5 stages a layer: the model has 4 layers; use at most 4"),
-    (dict(costs=[1, 2], num_stages=0), r"num_stages must be >= 1"),
+    (dict(costs=[1, 2], num_stages=0), r"num_stages must be at least 1"),
     (dict(costs=[1, -2], num_stages=1), r"costs\[1\] = -2; .* >= 0"),
     (dict(costs=[1, float("nan")], num_stages=1), r"costs\[1\] = nan"),
     (dict(costs=[], num_stages=1), r"costs is empty"),
@@ -220,22 +220,4 @@ def test_parameter_balance_is_slower_than_compute_balance():
 ])
 def test_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        partition(**kwargs)
-
-
-@pytest.mark.parametrize("parts, message", [
-    ([1, 2, 4], r"must start at 0"),
-    ([0, 2, 3], r"must end at n_layers = 4"),
-    ([0, 2, 2, 4], r"not strictly increasing: parts\[2\] = 2 <= parts\[1\] = 2, so stage 1"),
-    ([0, 4], r"parts has 2 entries; 3 stages need 4 boundaries"),
-    ([0, 1.5, 3, 4], r"parts\[1\] = 1.5 is not an integer"),
-])
-def test_validate_parts_errors(parts, message):
-    with pytest.raises(ValueError, match=message):
-        validate_parts(parts, 4, 3 if len(parts) != 3 else 2)
-
-
-def test_validate_parts_accepts_and_normalises():
-    assert validate_parts((0, 1, 4), 4, 2) == [0, 1, 4]
-    with pytest.raises(ValueError, match="cannot give every one of 3 stages"):
-        validate_parts([0, 1, 2, 2], 2, 3)
+        partition_layers(**kwargs)

@@ -6,8 +6,8 @@ import plotly.graph_objects as go
 import pytest
 
 from tests.helpers import schedule_events
-from utils import theory
-from utils.plots import (KIND_COLORS, compare_timelines, default_step, plot_memory,
+from utils.analysis import theory
+from utils.ui.plots import (KIND_COLORS, compare_timelines, default_step, plot_memory,
                          plot_stage_breakdown, plot_sweep, plot_timeline)
 from utils.timeline import COMM_KINDS, KINDS, Event, Timeline
 

@@ -12,9 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import utils.profiling as profiling
-from utils import JobSpec, Run, get_model, partition
-from utils.profiling import LayerProfile, partition_record, profile_for_job, profile_layers
+import utils.profiling.profile as profiling
+from utils import JobSpec, Run, get_model, partition_layers, stage_costs
+import utils.jobs.plan as planning
+import utils.system.cpu as cpu
+from utils.jobs.plan import plan_job, profile_for_job
+from utils.profiling.measure import measure_concurrently
+from utils.profiling.profile import LayerProfile, profile_layers
 
 TINY = {"blocks": 2, "hidden": 32, "heads": 2, "vocab": 128, "seq_len": 8}
 FAST = {"model_options": TINY, "micro_batch_size": 2, "device": "cpu", "warmup": 1, "repeats": 3}
@@ -32,7 +36,7 @@ def private_cache(tmp_path, monkeypatch):
 def measurements(monkeypatch):
     """Counts real measurements (calls of the measuring function)."""
     calls = []
-    for name in ("_measure", "_measure_concurrently"):
+    for name in ("measure_layers", "measure_concurrently"):
         real = getattr(profiling, name)
 
         def counting(*args, _real=real, **kwargs):
@@ -91,7 +95,7 @@ def test_cache_false_measures_again(measurements):
 
 def test_concurrent_processes_pool_their_samples(measurements):
     """Two processes measure at once; the profile holds both sets of samples and their medians."""
-    from utils.metrics import Spread
+    from utils.analysis.summary import Spread
 
     profile = profile_layers("gpt", **FAST, concurrency=2)
     assert profile.concurrency == 2 and len(measurements) == 1
@@ -111,14 +115,14 @@ def test_a_failing_profiling_process_is_raised_and_none_is_left():
     key = profiling._key("gpt", broken.options, micro_batch_size=2, device="cpu", threads=1,
                          concurrency=2, warmup=1, repeats=3, seed=1234)
     with pytest.raises(RuntimeError, match=r"profiling process \d of 2 failed(.|\n)*divisible by heads"):
-        profiling._measure_concurrently(broken, key)
+        measure_concurrently(broken, key)
     assert multiprocessing.active_children() == []
     with pytest.raises(ValueError, match="divisible by heads"):
         profile_layers("gpt", **{**FAST, "model_options": broken.options}, concurrency=2)
 
 
 def test_concurrency_is_for_cpu_profiles(monkeypatch):
-    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
         profile_layers("gpt", **FAST, concurrency=0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="applies to CPU profiles only"):
@@ -153,9 +157,9 @@ def test_an_unwritable_cache_warns_and_the_process_reuses_its_profile(measuremen
 
 
 def test_bad_arguments_are_explained():
-    with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
         profile_layers("gpt", **{**FAST, "repeats": 0})
-    with pytest.raises(ValueError, match="threads must be a positive integer"):
+    with pytest.raises(ValueError, match="threads must be at least 1"):
         profile_layers("gpt", **{**FAST, "threads": 0})
     with pytest.raises(ValueError, match="unknown model preset"):
         profile_layers("bert")
@@ -190,18 +194,16 @@ def test_partition_profile_balances_the_measured_costs(monkeypatch):
     costs = [0.01, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.10]  # cheap embedding, costly head
     seen = []
 
-    def fake(spec, *, cache=True):
+    def fake(spec, *, device=None, cache=True, measure=True):
         seen.append(spec)
         return _fake_profile(costs)
 
-    monkeypatch.setattr(profiling, "profile_for_job", fake)
-    spec = JobSpec(num_stages=2, partition="profile")
-    spec.check()
-    assert spec.boundaries() == partition(costs, 2, method="balanced") == [0, 6, 8]
-    assert seen == [spec]
-    profile = profiling.launch_profile(spec)  # the launcher's path: one lookup for both uses
-    record = partition_record(spec, spec.boundaries(profile=profile), profile)
-    assert len(seen) == 2
+    monkeypatch.setattr(planning, "profile_for_job", fake)
+    spec = JobSpec(num_stages=2, partition="profile", device="cpu")
+    plan = plan_job(spec)
+    assert list(plan.boundaries) == partition_layers(costs, 2, method="balanced") == [0, 6, 8]
+    assert seen == [spec]  # one lookup serves the boundaries and the prediction
+    record = plan.partition_record()
     assert record["method"] == "profile" and record["parts"] == [0, 6, 8]
     assert record["predicted_stage_costs"] == pytest.approx([0.11, 0.12])
     assert record["layer_costs"] == pytest.approx(costs)
@@ -209,8 +211,8 @@ def test_partition_profile_balances_the_measured_costs(monkeypatch):
 
 def test_profile_for_job_uses_the_jobs_conditions(monkeypatch):
     calls = []
-    monkeypatch.setattr(profiling, "profile_layers", lambda *a, **k: calls.append((a, k)))
-    monkeypatch.setattr(profiling.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(planning, "profile_layers", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     profile_for_job(JobSpec(num_stages=2, micro_batch_size=3, device="cpu", seed=5))
     (args, kwargs), = calls
     assert args == ("gpt",) and kwargs["micro_batch_size"] == 3 and kwargs["seed"] == 5
@@ -220,33 +222,36 @@ def test_profile_for_job_uses_the_jobs_conditions(monkeypatch):
 
 def test_other_methods_predict_only_from_a_cached_profile(measurements):
     spec = JobSpec(**FAST_JOB, partition="parameters")
-    assert profiling.launch_profile(spec) is None
-    record = partition_record(spec, spec.boundaries(), None)
-    assert record["method"] == "parameters" and record["predicted_stage_costs"] is None
-    assert not measurements  # launching never measures for a method that does not need it
+    plan = plan_job(spec)
+    assert plan.profile is None and plan.method == "parameters"
+    assert plan.partition_record()["predicted_stage_costs"] is None
+    assert not measurements  # planning never measures for a method that does not need it
     profile = profile_for_job(spec)  # now it is cached
-    assert profiling.launch_profile(spec) == replace(profile, cached=True)
-    record = partition_record(spec, [0, 1, 4], profiling.launch_profile(spec))
-    assert record["predicted_stage_costs"] == pytest.approx(profile.stage_costs([0, 1, 4]))
-    explicit = JobSpec(**{**FAST_JOB, "partition": [0, 2, 4]})
-    assert partition_record(explicit, explicit.boundaries(), None)["method"] == "explicit"
+    assert plan_job(spec).profile == replace(profile, cached=True)
+    explicit = plan_job(JobSpec(**FAST_JOB, partition=[0, 1, 4]))
+    assert explicit.method == "explicit" and explicit.boundaries == (0, 1, 4)
+    assert explicit.predicted_stage_costs == pytest.approx(stage_costs(profile.total, [0, 1, 4]))
 
 
 FAST_JOB = {"model_options": TINY, "micro_batch_size": 2, "device": "cpu", "num_stages": 2}
 
 
-def test_run_reads_its_partition_record(tmp_path):
+@pytest.mark.parametrize("layout", ["plan.json", "partition.json (runs recorded before plan.json)"])
+def test_run_reads_its_partition_record(tmp_path, layout):
     stored = {"parts": [0, 3, 4], "method": "profile", "predicted_stage_costs": [0.5, 0.25],
               "layer_costs": None, "profile": None}
     (tmp_path / "spec.json").write_text(JobSpec(**FAST_JOB).to_json())
-    (tmp_path / "partition.json").write_text(json.dumps(stored))
+    if layout == "plan.json":
+        (tmp_path / "plan.json").write_text(json.dumps({"device": "cpu", "partition": stored}))
+    else:
+        (tmp_path / "partition.json").write_text(json.dumps(stored))
     run = Run.load(tmp_path)
     assert run.parts == [0, 3, 4] and run.partition_method == "profile"
     assert run.predicted_stage_costs == [0.5, 0.25]
 
 
 def test_a_job_that_cannot_start_is_refused_before_it_is_profiled(measurements, tmp_path):
-    from utils.launch import start_job
+    from utils.jobs.launch import start_job
 
     gpus = torch.cuda.device_count()
     spec = JobSpec(**{**FAST_JOB, "device": "cuda", "num_stages": 2, "data_parallel": gpus + 1},

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from utils import JobSpec, Run, find_run
-from utils import runs as runs_module
+import utils.jobs.runs as runs_module
 
 SPEC = JobSpec(num_stages=2, micro_batches=4, steps=3, name="reuse-me")
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from utils.schedules import SCHEDULES, Action, Schedule, build, parse_action
+from utils.planning.schedules import SCHEDULE_NAMES, Action, Schedule, build_schedule, parse_action
 
 
 # --- actions -----------------------------------------------------------------------------------
@@ -26,35 +26,35 @@ def test_action_strings_round_trip():
 # --- building ----------------------------------------------------------------------------------
 def test_build_rejects_bad_input():
     with pytest.raises(ValueError, match="gpipe, 1f1b, interleaved-1f1b, zb-h1"):
-        build("pipedream", 2, 4)
+        build_schedule("pipedream", 2, 4)
     with pytest.raises(ValueError, match="num_micro_batches"):
-        build("1f1b", 2, 0)
+        build_schedule("1f1b", 2, 0)
     with pytest.raises(ValueError, match="num_stages"):
-        build("gpipe", 0, 4)
+        build_schedule("gpipe", 0, 4)
     with pytest.raises(TypeError):
-        build("gpipe", 2, 2.5)
+        build_schedule("gpipe", 2, 2.5)
     with pytest.raises(ValueError, match="chunks=1"):
-        build("1f1b", 2, 4, chunks=2)
+        build_schedule("1f1b", 2, 4, chunks=2)
     with pytest.raises(ValueError, match="chunks >= 2"):
-        build("interleaved-1f1b", 2, 4)
+        build_schedule("interleaved-1f1b", 2, 4)
     with pytest.raises(ValueError, match="equal rounds"):
-        build("interleaved-1f1b", 4, 9, chunks=2)  # 2 rounds of 4.5: torch refuses too
+        build_schedule("interleaved-1f1b", 4, 9, chunks=2)  # 2 rounds of 4.5: torch refuses too
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_every_built_schedule_is_valid_and_well_placed(name):
     chunk_options = (2, 3) if name == "interleaved-1f1b" else (1,)
     for p in range(1, 7):
         for m in range(1, 13):
             for v in chunk_options:
                 try:
-                    s = build(name, p, m, chunks=v)
+                    s = build_schedule(name, p, m, chunks=v)
                 except ValueError:
                     assert name == "interleaved-1f1b"  # m that cannot be split into rounds
                     continue
                 s.validate()
                 for rank, row in enumerate(s.actions):
-                    assert all(a.stage % p == rank and a.chunk == a.stage // p for a in row)
+                    assert all(a.virtual_stage % p == rank and a.chunk == a.virtual_stage // p for a in row)
                     assert len(row) == (3 if s.split_backward else 2) * m * v
 
 
@@ -76,7 +76,7 @@ def _deepspeed_order(p: int, m: int, stage: int) -> list[str]:
 def test_1f1b_equals_deepspeed_train_schedule():
     for p in range(1, 7):
         for m in range(1, 11):
-            s = build("1f1b", p, m)
+            s = build_schedule("1f1b", p, m)
             for stage in range(p):
                 assert s.compute_order(stage) == _deepspeed_order(p, m, stage), (p, m, stage)
 
@@ -98,7 +98,7 @@ def test_interleaved_equals_torch(p, m, chunks):
     from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
 
     expected = _torch_order(ScheduleInterleaved1F1B, p, m, chunks)
-    ours = build("interleaved-1f1b", p, m, chunks=chunks)
+    ours = build_schedule("interleaved-1f1b", p, m, chunks=chunks)
     assert {r: [str(a) for a in row] for r, row in enumerate(ours.actions)} == expected
 
 
@@ -107,33 +107,33 @@ def test_zb_h1_equals_torch_zero_bubble_with_one_chunk(p, m):
     from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
 
     expected = _torch_order(ScheduleInterleavedZeroBubble, p, m, 1)
-    ours = build("zb-h1", p, m)
+    ours = build_schedule("zb-h1", p, m)
     assert {r: [str(a) for a in row] for r, row in enumerate(ours.actions)} == expected
 
 
 # --- compute order ---------------------------------------------------------------------------------
 def test_compute_order_labels_kind_and_micro_batch():
-    assert build("gpipe", 2, 3).compute_order(1) == ["F0", "F1", "F2", "B0", "B1", "B2"]
-    assert build("1f1b", 3, 4).compute_order(0) == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
-    assert build("1f1b", 3, 4).compute_order(2) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
-    assert build("zb-h1", 2, 2).compute_order(1) == ["F0", "I0", "F1", "I1", "W0", "W1"]
+    assert build_schedule("gpipe", 2, 3).compute_order(1) == ["F0", "F1", "F2", "B0", "B1", "B2"]
+    assert build_schedule("1f1b", 3, 4).compute_order(0) == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+    assert build_schedule("1f1b", 3, 4).compute_order(2) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    assert build_schedule("zb-h1", 2, 2).compute_order(1) == ["F0", "I0", "F1", "I1", "W0", "W1"]
     hand = Schedule.from_strings(["0F0 0F1 0B1 0B0", "1F0 1B0 1F1 1B1"])
     assert hand.compute_order(0) == ["F0", "F1", "B1", "B0"]  # the listed order, not sorted
     with pytest.raises(ValueError, match="chunks per rank"):
-        build("interleaved-1f1b", 2, 4, chunks=2).compute_order(0)
+        build_schedule("interleaved-1f1b", 2, 4, chunks=2).compute_order(0)
     with pytest.raises(ValueError, match="rank must be in 0..1"):
-        build("1f1b", 2, 4).compute_order(2)
+        build_schedule("1f1b", 2, 4).compute_order(2)
     with pytest.raises(ValueError, match="rank must be in 0..1"):
-        build("1f1b", 2, 4).compute_order(-1)
+        build_schedule("1f1b", 2, 4).compute_order(-1)
     with pytest.raises(TypeError):
-        build("1f1b", 2, 4).compute_order(0.0)
+        build_schedule("1f1b", 2, 4).compute_order(0.0)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])
 def test_compute_order_matches_timeline_compute_order(name):
-    from utils.simulate import simulate
+    from utils.planning.simulator import simulate
 
-    s = build(name, 4, 6)
+    s = build_schedule(name, 4, 6)
     timeline = simulate(s, 0.001, 0.002, weight=0.001 if name == "zb-h1" else None)
     for rank in range(4):
         assert s.compute_order(rank) == timeline.compute_order(rank, 0)
@@ -143,7 +143,7 @@ def test_compute_order_matches_timeline_compute_order(name):
 def test_in_flight_1f1b_gpipe_zb():
     for p in range(1, 7):
         for m in range(1, 13):
-            one_f_one_b, gpipe, zb = build("1f1b", p, m), build("gpipe", p, m), build("zb-h1", p, m)
+            one_f_one_b, gpipe, zb = build_schedule("1f1b", p, m), build_schedule("gpipe", p, m), build_schedule("zb-h1", p, m)
             for s in range(p):
                 assert one_f_one_b.in_flight(s) == min(p - s, m)
                 assert gpipe.in_flight(s) == m
@@ -178,7 +178,7 @@ def test_validate_detects_deadlock_and_names_stuck_ranks():
 
 
 def test_from_strings_and_pretty_grid():
-    s = build("gpipe", 2, 2)
+    s = build_schedule("gpipe", 2, 2)
     assert Schedule.from_strings(["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1"], name="gpipe") == s
     assert s.grid() == [["0F0", ""], ["0F1", "1F0"], ["", "1F1"], ["", "1B0"],
                         ["0B0", "1B1"], ["0B1", ""]]

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 import utils
-from utils import widgets as W
-from utils.launch import JobFailed
-from utils.spec import JobSpec
+import utils.ui.widgets as W
+from utils.jobs.launch import JobFailed
+from utils.jobs.spec import JobSpec
 from utils.timeline import Timeline
 
 
@@ -22,8 +22,8 @@ from utils.timeline import Timeline
 def two_step_timeline() -> Timeline:
     """A simulated timeline with two steps that differ: step 0 runs 8 micro-batches, step 1
     runs 4 with other costs (the explorer must redraw when the slider moves)."""
-    a = utils.simulate(utils.build("1f1b", 4, 8), forward=1, backward=2)
-    b = utils.simulate(utils.build("1f1b", 4, 4), forward=0.5, backward=1.5)
+    a = utils.simulate(utils.build_schedule("1f1b", 4, 8), forward=1, backward=2)
+    b = utils.simulate(utils.build_schedule("1f1b", 4, 4), forward=0.5, backward=1.5)
     offset = max(e.end for e in a.events) + 1
     events = list(a.events) + [dataclasses.replace(e, step=1, start=e.start + offset, end=e.end + offset)
                                for e in b.events]
@@ -139,8 +139,8 @@ def test_panel_starts_from_a_spec_with_boundaries():
 @pytest.mark.parametrize("setup, expected", [
     ({"stages": 20}, "num_stages=20"),
     ({"partition": W.BOUNDARIES, "boundaries": "0,x,8"}, "whole numbers"),
-    ({"partition": W.BOUNDARIES, "boundaries": "0,6,3"}, "strictly increasing|must start at 0 and end"),
-    ({"model_options": "blocks=0"}, "positive integers"),
+    ({"partition": W.BOUNDARIES, "boundaries": "0,6,3"}, "not strictly increasing|must start at 0|must end at"),
+    ({"model_options": "blocks=0"}, "model option blocks must be at least 1"),
 ])
 def test_invalid_input_is_shown_and_nothing_starts(no_launch, setup, expected):
     panel = W.RunPanel()
@@ -213,10 +213,13 @@ def test_a_failure_to_start_is_shown(monkeypatch):
 
 
 def test_profile_partition_is_not_profiled_while_editing(monkeypatch):
-    def no_profiling(self):
-        raise AssertionError("boundaries() ran on the main thread")
+    import utils.jobs.plan
+
+    def no_profiling(*args, **kwargs):
+        raise AssertionError("a layer profile was looked up on the main thread")
     panel = W.RunPanel()
-    monkeypatch.setattr(JobSpec, "boundaries", no_profiling)
+    monkeypatch.setattr(utils.jobs.plan, "profile_for_job", no_profiling)
+    monkeypatch.setattr(utils.jobs.plan, "profile_layers", no_profiling)
     panel.partition.value = W.PROFILE
     assert "measured layer costs" in panel.plan.value and panel.spec().partition == W.PROFILE
     panel.partition.value = W.BOUNDARIES  # no pre-fill from "profile": that would profile
@@ -226,7 +229,7 @@ def test_profile_partition_is_not_profiled_while_editing(monkeypatch):
 # --- history and comparison --------------------------------------------------------------------
 def test_history_show_and_compare():
     tl = two_step_timeline()
-    one = utils.simulate(utils.build("gpipe", 4, 8), forward=1, backward=2)
+    one = utils.simulate(utils.build_schedule("gpipe", 4, 8), forward=1, backward=2)
     panel = W.RunPanel(history=[fake_run(tl, "a"), fake_run(one, "b")])
     assert [v for _, v in panel.history_select.options] == [0, 1]
     assert (panel.compare_a.value, panel.compare_b.value) == (0, 1)
@@ -265,7 +268,7 @@ def test_explorer_slider_and_filter_change_the_figure():
 
 
 def test_explorer_on_a_one_step_simulation():
-    ex = W.TimelineExplorer(utils.simulate(utils.build("1f1b", 4, 8), forward=1, backward=2))
+    ex = W.TimelineExplorer(utils.simulate(utils.build_schedule("1f1b", 4, 8), forward=1, backward=2))
     assert ex.step_slider.disabled and ex.step == 0 and ex.bar_count() == 64
     assert "simulated" in ex.figure.layout.title.text
     assert set(ex.kind_boxes) == {"forward", "backward"}

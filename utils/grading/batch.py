@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from ..launch import end_process_tree
+from utils.system.procs import end_process_tree
 from .feedback import fmt, markdown, write_csv
 from .grade import Options, SubmissionResult, grade_notebook
 from .notebook_source import LabSource, dumps

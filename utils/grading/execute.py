@@ -29,7 +29,7 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from ..launch import end_process_tree
+from utils.system.procs import end_process_tree
 from .sandbox import Limits
 
 TIMEOUT_ENAME = "CellTimeout"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 
-from ..launch import PACKAGE_PARENT as PROJECT_ROOT
+from utils.system.paths import PROJECT_ROOT
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
 from .notebook_source import KERNELSPEC, Check, LabSource, defined_names, normalise

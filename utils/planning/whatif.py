@@ -1,10 +1,12 @@
 """What-if questions answered with the simulator: calibrate, predict, search.
 
-* `stage_costs_from_timeline`: per-stage compute costs and link latency of a (measured) run.
-* `predict`: simulate a changed configuration (micro-batch count, schedule, stage costs)
+* `measured_stage_costs`: per-stage compute costs and link latency of a (measured) run.
+* `predict_from_timeline`: simulate a changed configuration (micro-batch count, schedule, stage costs)
   with the costs calibrated on a measured run, to put prediction and measurement side by side.
 * `search_micro_batches`: for a fixed global batch, which micro-batch count and schedule is
-  fastest under an activation-memory budget.
+  fastest under an activation-memory budget (`fastest_within_memory` picks it).
+
+`utils.jobs.confirm.confirm_top` runs the best rows as real jobs.
 
 What the predictions ignore: the optimizer step, gradient reduction and tied-weight
 reduction after the drain, data loading, time a rank spends *inside* send/recv calls (a
@@ -21,16 +23,17 @@ from dataclasses import asdict, dataclass, replace
 from numbers import Real
 from statistics import median
 
-from .schedules import SCHEDULES, build
-from .simulate import Costs, simulate
-from .metrics import replica_index, transfer_intervals
-from .timeline import COMM_KINDS, Timeline
+from utils.planning.schedules import SCHEDULE_NAMES, build_schedule
+from utils.planning.simulator import Costs, simulate
+from utils.analysis.intervals import replica_index, transfer_intervals
+from utils.analysis.steps import steady_steps
+from utils.timeline import COMM_KINDS, Timeline
 
 PerStage = float | Sequence[float]
 """A number for every stage alike, or one value per stage."""
 
-__all__ = ["StageCosts", "stage_costs_from_timeline", "predict", "Confirmation", "confirm_top",
-           "SearchRow", "search_micro_batches", "best"]
+__all__ = ["StageCosts", "measured_stage_costs", "predict_from_timeline", "SearchRow", "search_micro_batches",
+           "fastest_within_memory"]
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,10 @@ def _pick_steps(timeline: Timeline, step: int | None) -> list[int]:
         if step not in timeline.steps:
             raise ValueError(f"step {step} not in the timeline (steps {timeline.steps})")
         return [step]
-    later = [s for s in timeline.steps if s != 0]
-    return later or timeline.steps  # step 0 is warm-up; use it only when it is all there is
+    return steady_steps(timeline.steps)  # step 0 is warm-up; used only when it is all there is
 
 
-def stage_costs_from_timeline(timeline: Timeline, step: int | None = None) -> StageCosts:
+def measured_stage_costs(timeline: Timeline, step: int | None = None) -> StageCosts:
     """Calibrate per-stage costs from `timeline`, by default over all steps but step 0.
 
     With data parallelism the durations of all replicas of a stage pool together; for the
@@ -149,13 +151,13 @@ def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
     return median(gaps) if gaps else 0.0
 
 
-def predict(timeline: Timeline, *, micro_batches: int | None = None,
+def predict_from_timeline(timeline: Timeline, *, micro_batches: int | None = None,
             schedule: str | None = None, forward: Costs | None = None,
             backward: Costs | None = None, weight: Costs | None = None,
             comm: float | None = None, step: int | None = None) -> Timeline:
     """Predict the timeline of a changed configuration from a measured one.
 
-    Costs are calibrated with `stage_costs_from_timeline` (medians over steps but step 0),
+    Costs are calibrated with `measured_stage_costs` (medians over steps but step 0),
     then `schedule` (default: ``timeline.meta["schedule"]`` or ``"1f1b"``, DeepSpeed's) runs
     with `micro_batches` (default: the measured count) micro-batches. Micro-batches keep
     their measured size, so more micro-batches means a larger global batch. `forward`,
@@ -164,14 +166,14 @@ def predict(timeline: Timeline, *, micro_batches: int | None = None,
     interleaved schedule needs per-virtual-stage `forward` and `backward`. See the module
     docstring for what the prediction ignores.
     """
-    costs = stage_costs_from_timeline(timeline, step)
+    costs = measured_stage_costs(timeline, step)
     name = schedule or timeline.meta.get("schedule") or "1f1b"
-    if name not in SCHEDULES:
+    if name not in SCHEDULE_NAMES:
         raise ValueError(f"cannot simulate schedule {name!r} (from the timeline's meta); pass "
-                         f"schedule= one of {', '.join(SCHEDULES)}")
+                         f"schedule= one of {', '.join(SCHEDULE_NAMES)}")
     chunks = (costs.chunks if costs.chunks > 1 else 2) if name == "interleaved-1f1b" else 1
     m = timeline.num_micro_batches if micro_batches is None else micro_batches
-    target = build(name, timeline.num_stages, m, chunks=chunks)
+    target = build_schedule(name, timeline.num_stages, m, chunks=chunks)
     if (forward is None or backward is None) and costs.chunks != chunks:
         raise ValueError(f"the run was calibrated with {costs.chunks} chunk(s) per rank but "
                          f"{name} runs {chunks}: give forward= and backward= per virtual stage")
@@ -257,7 +259,7 @@ def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_samp
         v = chunks if name == "interleaved-1f1b" else 1
         for m in (d for d in range(1, batch + 1) if batch % d == 0):
             try:
-                sched = build(name, p, m, chunks=v)
+                sched = build_schedule(name, p, m, chunks=v)
             except ValueError:
                 if name == "interleaved-1f1b":
                     continue  # m not allowed for interleaving
@@ -272,7 +274,7 @@ def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_samp
                 bw, w = [x + y for x, y in zip(bw, w)], None
             plan = sched._plan
             cost = {"forward": f, "backward": bw, "backward_input": bw, "backward_weight": w}
-            durations = [cost[a.kind][a.stage] for a in plan.actions]
+            durations = [cost[a.kind][a.virtual_stage] for a in plan.actions]
             start, end = plan.times(durations, comm, p)
             makespan = max(end) - min(start)
             bubble = 1.0 - sum(durations) / (p * makespan) if makespan > 0 else 0.0
@@ -283,7 +285,7 @@ def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_samp
     return rows
 
 
-def best(rows: Sequence[SearchRow]) -> SearchRow:
+def fastest_within_memory(rows: Sequence[SearchRow]) -> SearchRow:
     """The feasible row with the shortest step (ties: fewer micro-batches, then less memory)."""
     ok = [r for r in rows if r.feasible]
     if not ok:
@@ -304,39 +306,3 @@ def _time_search(repeat_batches: Sequence[int] = (96, 120, 240, 360, 480, 720),
                 weight_per_sample=1e-3, activation_bytes_per_sample=1e6, memory_budget=1e9,
                 schedules=("1f1b", "gpipe", "zb-h1", "interleaved-1f1b"), fixed_overhead=1e-3))
     return n, time.perf_counter() - t0
-
-
-# --- confirming predictions with real runs ------------------------------------------------------
-@dataclass(frozen=True)
-class Confirmation:
-    """A searched configuration next to the real job that ran it."""
-
-    row: SearchRow
-    run: object
-    """The `utils.Run` of the real job."""
-    measured_makespan: float
-    """Median pipeline-phase makespan over the run's steps but step 0 (seconds)."""
-
-    @property
-    def error(self) -> float:
-        """(predicted − measured) / measured makespan."""
-        return (self.row.step_time - self.measured_makespan) / self.measured_makespan
-
-
-def confirm_top(rows: Sequence[SearchRow], spec, *, top: int = 3, steps: int = 4) -> list[Confirmation]:
-    """Run the `top` fastest feasible configurations as real DeepSpeed jobs.
-
-    `spec` (a `utils.JobSpec`) gives everything but the micro-batch count, its size and the
-    schedule, which come from each row. Only schedules DeepSpeed's engine runs here
-    (``"1f1b"``, ``"gpipe"``) can be confirmed; the others are skipped.
-    """
-    from .launch import run_job
-
-    runnable = sorted((r for r in rows if r.feasible and r.schedule in ("1f1b", "gpipe")),
-                      key=lambda r: r.step_time)[:top]
-    confirmed = []
-    for row in runnable:
-        run = run_job(replace(spec, micro_batches=row.micro_batches, micro_batch_size=row.micro_batch_size,
-                              schedule=row.schedule, steps=steps), progress=False)
-        confirmed.append(Confirmation(row, run, run.timeline.metrics().makespan))
-    return confirmed

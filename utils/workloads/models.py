@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from utils import validation
+
 
 # --- layers --------------------------------------------------------------------------------
 class Embedding(nn.Module):
@@ -207,9 +209,8 @@ def get_model(preset: str, options: Mapping[str, Any] | None = None) -> Model:
         raise ValueError(f"preset {preset!r} has no option(s) {sorted(unknown)}; "
                          f"its options are {sorted(info.defaults)}")
     merged = {**info.defaults, **options}
-    bad = {k: v for k, v in merged.items() if not isinstance(v, int) or v < 1}
-    if bad:
-        raise ValueError(f"preset options must be positive integers, got {bad}")
+    for name, value in merged.items():
+        validation.count(f"model option {name}", value)
     return info.resolve(preset, **merged)
 
 

@@ -37,12 +37,13 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from .launch import JobFailed, RunningJob, start_job
-from .models import PRESETS
-from .plots import compare_timelines, default_step, plot_timeline
-from .runs import Run
-from .spec import PARTITION_METHODS, SCHEDULES, JobSpec
-from .timeline import KINDS, Timeline
+from utils.jobs.launch import JobFailed, RunningJob, start_job
+from utils.workloads.models import PRESETS, get_model
+from utils.ui.plots import compare_timelines, default_step, plot_timeline
+from utils.jobs.runs import Run
+from utils.jobs.plan import plan_boundaries
+from utils.jobs.spec import JOB_SCHEDULES, PARTITION_METHODS, JobSpec
+from utils.timeline import KINDS, Timeline
 
 __all__ = ["RunPanel", "TimelineExplorer", "figure_output", "parse_boundaries", "parse_options",
            "PLOTLY_MIME"]
@@ -98,6 +99,12 @@ def parse_options(text: str) -> dict[str, int]:
         except ValueError:
             raise ValueError(f"model option {key.strip()!r} needs a whole number, got {value.strip()!r}") from None
     return options
+
+
+def _boundaries_without_profiling(spec: JobSpec) -> list[int]:
+    """The boundaries a uniform, parameters or explicit partition gives (never measures)."""
+    spec.check()
+    return plan_boundaries(spec, get_model(spec.model, spec.model_options), profile=None)
 
 
 def figure_bundle(fig: go.Figure) -> dict:
@@ -282,7 +289,7 @@ class RunPanel(_Displayable):
             value=",".join(str(b) for b in base.partition) if explicit else "",
             description="boundaries", placeholder="e.g. 0,3,8", disabled=not explicit, style=_STYLE,
             continuous_update=False)
-        self.schedule = widgets.ToggleButtons(options=list(SCHEDULES), value=base.schedule,
+        self.schedule = widgets.ToggleButtons(options=list(JOB_SCHEDULES), value=base.schedule,
                                               description="schedule", style={**_STYLE, "button_width": "70px"})
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play",
                                          tooltip="start a real DeepSpeed pipeline job")
@@ -362,7 +369,7 @@ class RunPanel(_Displayable):
         if change is not None and change["owner"] is self.partition and change["new"] == BOUNDARIES \
                 and change["old"] != PROFILE and not self.boundaries.value.strip():
             try:  # start from the boundaries the previous method chose: easy to edit
-                parts = self._spec_with(change["old"]).boundaries()
+                parts = _boundaries_without_profiling(self._spec_with(change["old"]))
                 self.boundaries.value = ",".join(map(str, parts))  # refreshes the plan
                 return
             except ValueError:
@@ -375,8 +382,8 @@ class RunPanel(_Displayable):
             spec = self.spec()
             # "profile" measures every layer first: that belongs to the job's start (in the
             # watcher thread), not to every change of a control on the kernel's main thread.
-            parts = None if spec.partition == PROFILE else spec.boundaries()
-        except ValueError as exc:
+            parts = None if spec.partition == PROFILE else _boundaries_without_profiling(spec)
+        except (ValueError, TypeError) as exc:
             self.plan.value = f"<span style='color:#b00020'>✗ {html.escape(str(exc))}</span>"
             return None
         if parts is None:
@@ -414,7 +421,7 @@ class RunPanel(_Displayable):
         self.message.value = ""
         try:
             spec = self.spec()
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             self._set_error("invalid", f"cannot start: {exc}")
             return None
         self._stop_requested.clear()

@@ -1,7 +1,7 @@
 """Headless demo for a GPU node over SSH (``make demo``): one real pipeline job, its
 timeline as a standalone HTML page and a Chrome trace, and the metrics printed.
 
-    python -m utils.demo --out demo-output [--stages 4] [--micro-batches 8] [--steps 5]
+    python -m utils.ui.demo --out demo-output [--stages 4] [--micro-batches 8] [--steps 5]
 
 On a machine with at least `--stages` GPUs it runs the GPU-sized preset on CUDA + NCCL;
 otherwise the CPU-sized preset on gloo — the same code path either way.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .launch import run_job
-from .plots import plot_timeline
-from .spec import SCHEDULES, JobSpec
+from utils.jobs.launch import run_job
+from utils.ui.plots import plot_timeline
+from utils.jobs.spec import JOB_SCHEDULES, JobSpec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", type=int, default=None, help="default: 4 on a 4+ GPU node, else 2")
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--schedule", default="1f1b", choices=SCHEDULES)
+    parser.add_argument("--schedule", default="1f1b", choices=JOB_SCHEDULES)
     args = parser.parse_args(argv)
 
     import torch

@@ -12,28 +12,14 @@ resolved once per step after a single synchronize, so tracing never serialises t
 
 from __future__ import annotations
 
-import mmap
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .timeline import Event
+from utils.timeline import KIND_OF_INSTRUCTION, STEP_KINDS, Event
 
-#: DeepSpeed instruction class name -> event kind.
-KIND_OF_INSTRUCTION = {
-    "LoadMicroBatch": "load",
-    "ForwardPass": "forward",
-    "BackwardPass": "backward",
-    "SendActivation": "send_act",
-    "RecvActivation": "recv_act",
-    "SendGrad": "send_grad",
-    "RecvGrad": "recv_grad",
-    "ReduceTiedGrads": "reduce_tied_grads",
-    "ReduceGrads": "reduce_grads",
-    "OptimizerStep": "optimizer_step",
-}
-PER_STEP_KINDS = {"reduce_tied_grads", "reduce_grads", "optimizer_step"}
-STATUS_BYTES = 128
+if TYPE_CHECKING:
+    from utils.jobs.rundir import StatusSlot
 
 
 class HostClock:
@@ -79,36 +65,17 @@ class CudaClock:
         return [self._origin_host + self._origin.elapsed_time(m) / 1e3 for m in marks]
 
 
-class StatusSlot:
-    """A small memory-mapped file holding the instruction a rank is executing now.
-
-    Writing it costs a memory copy, no system call, so it is updated at every instruction;
-    the launcher reads it when a job hangs, even while the rank is blocked inside a
-    collective where no Python code runs.
-    """
-
-    def __init__(self, path: Path):
-        path.write_bytes(b" " * STATUS_BYTES)
-        self._file = open(path, "r+b")
-        self._map = mmap.mmap(self._file.fileno(), STATUS_BYTES)
-
-    def write(self, text: str) -> None:
-        data = text.encode()[:STATUS_BYTES].ljust(STATUS_BYTES)
-        self._map[:] = data
-
-    @staticmethod
-    def read(path: Path) -> str:
-        try:
-            return path.read_bytes().decode(errors="replace").strip()
-        except OSError:
-            return ""
-
-
 class InstructionTracer:
     """Wraps one engine instance's instruction map and collects `Event`s per step.
 
     `before` (optional) is called with (step, kind, micro_batch) as each instruction starts;
     the job uses it to inject faults on purpose.
+
+    Install it *after* anything else that changes the engine's instruction map (the schedule
+    lowering stashes the last stage's losses there): it wraps the map it finds, so it times
+    exactly what runs. An instruction outside `KIND_OF_INSTRUCTION` (say DeepSpeed's own
+    ``CommitP2P`` of `DualPipeVEngine`) still runs, untraced, and shows in the status slot
+    by its class name.
     """
 
     def __init__(self, engine, *, stage: int, rank: int, clock, status: StatusSlot | None = None,
@@ -124,6 +91,7 @@ class InstructionTracer:
         self._counts: dict[str, int] = {}
         self._untraced = dict(engine._INSTRUCTION_MAP)  # instance map if one was set, else class map
         self._traced = {cls: self._wrap(fn, KIND_OF_INSTRUCTION[cls.__name__])
+                        if cls.__name__ in KIND_OF_INSTRUCTION else self._pass_through(fn, cls.__name__)
                         for cls, fn in self._untraced.items()}
         self.enable(True)
 
@@ -142,7 +110,7 @@ class InstructionTracer:
             # The n-th instruction of a kind within a step serves micro-batch n: exact for
             # DeepSpeed's TrainSchedule and for GPipe, whereas buffer_id = mb % num_buffers
             # is ambiguous.
-            if kind in PER_STEP_KINDS:
+            if kind in STEP_KINDS:
                 micro_batch = None
             else:
                 micro_batch = tracer._counts.get(kind, 0)
@@ -156,6 +124,16 @@ class InstructionTracer:
             tracer._pending.append((kind, micro_batch, start, tracer.clock.mark()))
 
         return traced
+
+    def _pass_through(self, fn, name: str):
+        tracer = self
+
+        def untraced(engine, **kwargs):
+            if tracer.status is not None:
+                tracer.status.write(f"step={tracer.step} {name} (untraced) t={time.time():.3f}")
+            fn(engine, **kwargs)
+
+        return untraced
 
     def begin_step(self, step: int) -> None:
         self.step = step

@@ -7,7 +7,7 @@ measure how much and why.
 
 Two ways to express the bubble appear in the literature and they are easy to confuse:
 
-* **bubble ratio** (what `utils.metrics` measures): idle share of the whole pipeline phase,
+* **bubble ratio** (what `utils.analysis.metrics` measures): idle share of the whole pipeline phase,
   ``1 - busy / (p * makespan)``. For GPipe and 1F1B with equal costs this is
   ``(p - 1) / (m + p - 1)``; it is always below 1.
 * **bubble overhead** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-#: The methods `partition` knows.
-METHODS = ("uniform", "parameters", "balanced")
-#: Schedules whose activation memory per stage `LayerMemory` can model.
-SCHEDULES = ("1f1b", "gpipe")
+from utils import validation
+
+PartitionAlgorithm = Literal["uniform", "parameters", "balanced"]
+"""The methods `partition_layers` knows."""
+METHODS: tuple[str, ...] = get_args(PartitionAlgorithm)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class LayerMemory:
     """Bytes that do not depend on the schedule: parameters, gradients, optimizer state."""
     activation: Sequence[float]
     """Bytes of activations one micro-batch keeps alive in this layer until its backward."""
-    schedule: str = "1f1b"
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
     """``"1f1b"`` or ``"gpipe"``; ignored when `in_flight_per_stage` is given."""
     micro_batches: int = 1
     """Micro-batches per step (``gradient_accumulation_steps`` in DeepSpeed)."""
@@ -65,14 +66,14 @@ class LayerMemory:
             return self.micro_batches
         if self.schedule == "1f1b":
             return min(num_stages - stage, self.micro_batches)
-        raise ValueError(f"unknown schedule {self.schedule!r}; use one of {SCHEDULES} "
+        raise ValueError(f"unknown schedule {self.schedule!r}; use '1f1b' or 'gpipe' "
                          "or give in_flight_per_stage")
 
 
 Memory = Sequence[float] | LayerMemory
 
 
-def partition(costs: Sequence[float], num_stages: int, *, method: str = "balanced",
+def partition_layers(costs: Sequence[float], num_stages: int, *, method: PartitionAlgorithm = "balanced",
               params: Sequence[float] | None = None,
               link_cost: Sequence[float] | None = None,
               memory: Memory | None = None,
@@ -105,7 +106,10 @@ def partition(costs: Sequence[float], num_stages: int, *, method: str = "balance
             names the stage and the shortfall of the least memory-hungry partition).
     """
     n = _check_costs(costs, "costs")
-    _check_num_stages(num_stages, n)
+    num_stages = validation.count("num_stages", num_stages)
+    if num_stages > n:
+        raise ValueError(f"cannot give every one of {num_stages} stages a layer: the model "
+                         f"has {n} layers; use at most {n} stages")
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; valid methods: {METHODS}")
     if method != "balanced":
@@ -135,7 +139,7 @@ def stage_costs(costs: Sequence[float], parts: Sequence[int], *,
                 link_cost: Sequence[float] | None = None) -> list[float]:
     """Cost of every stage: its layers' costs plus the link cost of each cut it touches."""
     n = _check_costs(costs, "costs")
-    parts = validate_parts(parts, n, len(parts) - 1)
+    parts = validation.boundaries(parts, n_layers=n, num_stages=len(parts) - 1)
     seg = _segment_cost(costs, link_cost)
     return [seg(parts[s], parts[s + 1]) for s in range(len(parts) - 1)]
 
@@ -149,40 +153,9 @@ def bottleneck(costs: Sequence[float], parts: Sequence[int], *,
 def stage_memory(memory: Memory, parts: Sequence[int]) -> list[float]:
     """Bytes each stage of `parts` needs under `memory` (see `LayerMemory`)."""
     n = _check_memory(memory)
-    parts = validate_parts(parts, n, len(parts) - 1)
+    parts = validation.boundaries(parts, n_layers=n, num_stages=len(parts) - 1)
     mem = _stage_memory_fn(memory, len(parts) - 1)
     return [mem(s, parts[s], parts[s + 1]) for s in range(len(parts) - 1)]
-
-
-def validate_parts(parts: Sequence[int], n_layers: int, num_stages: int) -> list[int]:
-    """Check explicit boundaries before a job uses them; return them as a list of ints.
-
-    Valid means ``num_stages + 1`` integers from 0 to `n_layers`, strictly increasing, so
-    that every stage owns at least one layer.
-    """
-    _check_num_stages(num_stages, n_layers)
-    if isinstance(parts, (str, bytes)) or not hasattr(parts, "__len__"):
-        raise ValueError(f"parts must be a list of ints like [0, ..., {n_layers}], "
-                         f"got {parts!r}")
-    out = []
-    for i, b in enumerate(parts):
-        if isinstance(b, bool) or not (isinstance(b, int) or hasattr(b, "__index__")):
-            raise ValueError(f"parts[{i}] = {b!r} is not an integer layer index")
-        out.append(int(b))
-    if len(out) != num_stages + 1:
-        raise ValueError(f"parts has {len(out)} entries; {num_stages} stages need "
-                         f"{num_stages + 1} boundaries [0, ..., {n_layers}]")
-    if out[0] != 0:
-        raise ValueError(f"parts must start at 0 (the first layer), got parts[0] = {out[0]}")
-    if out[-1] != n_layers:
-        raise ValueError(f"parts must end at n_layers = {n_layers}, got parts[-1] = "
-                         f"{out[-1]}: the boundaries must cover every layer")
-    for s in range(num_stages):
-        if out[s + 1] <= out[s]:
-            raise ValueError(f"parts is not strictly increasing: parts[{s + 1}] = "
-                             f"{out[s + 1]} <= parts[{s}] = {out[s]}, so stage {s} "
-                             "would own no layers")
-    return out
 
 
 # --- the methods -------------------------------------------------------------------------
@@ -391,20 +364,6 @@ def _check_costs(values: Sequence[float], name: str, allow_empty: bool = False) 
             raise ValueError(f"{name}[{i}] = {v!r}; per-layer values must be finite "
                              "and >= 0")
     return len(values)
-
-
-def _check_num_stages(num_stages: int, n_layers: int) -> None:
-    try:
-        if isinstance(num_stages, bool):
-            raise TypeError
-        num_stages = operator.index(num_stages)
-    except TypeError:
-        raise ValueError(f"num_stages must be an int, got {num_stages!r}") from None
-    if num_stages < 1:
-        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
-    if num_stages > n_layers:
-        raise ValueError(f"cannot give every one of {num_stages} stages a layer: the model "
-                         f"has {n_layers} layers; use at most {n_layers} stages")
 
 
 def _bytes_formatter(reference: float) -> Callable[[float], str]:

@@ -4,10 +4,14 @@ computed (its losses match the pipeline's to float32 rounding)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .models import batches, get_model
-from .spec import JobSpec
+from utils.workloads.models import batches, get_model
+
+if TYPE_CHECKING:  # a type only: workloads sit below jobs and never import them
+    from utils.jobs.spec import JobSpec
 
 
 def train_sequential(spec: JobSpec) -> list[float]:

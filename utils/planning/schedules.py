@@ -10,7 +10,7 @@ Vocabulary (the one thing to get right with interleaved schedules):
 
 * **rank**: a pipeline process / GPU; one row of a timeline. ``Schedule.num_stages`` counts
   ranks, and ``Schedule.actions[rank]`` is that rank's order.
-* **virtual stage** (``Action.stage``): one model chunk, numbered along the model
+* **virtual stage** (``Action.virtual_stage``): one model chunk, numbered along the model
   ``0 .. num_stages * chunks - 1``. Virtual stage ``k`` lives on rank ``k % num_stages`` as
   its local chunk ``k // num_stages`` (Megatron's and torch's "loop" placement). Without
   interleaving (``chunks == 1``) virtual stage, rank and pipeline stage are the same number.
@@ -29,13 +29,17 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Literal, get_args
 
-from .timeline import COMPUTE_KINDS, KIND_LETTER
+from utils import validation
 
-__all__ = ["Action", "Schedule", "SCHEDULES", "build", "parse_action"]
+from utils.timeline import COMPUTE_KINDS, KIND_LETTER, ComputeKind
 
-#: Schedule names `build` knows.
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+__all__ = ["Action", "SCHEDULE_NAMES", "Schedule", "ScheduleName", "build_schedule", "parse_action"]
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+"""Schedule names `build_schedule` knows."""
+SCHEDULE_NAMES: tuple[str, ...] = get_args(ScheduleName)
 
 _LETTER_KIND = {KIND_LETTER[k]: k for k in COMPUTE_KINDS}  # F, B, I, W
 _ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
@@ -43,26 +47,29 @@ _ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """One compute action: `kind` of micro-batch `micro_batch` on virtual stage `stage`.
+    """One compute action: `kind` of micro-batch `micro_batch` on `virtual_stage`.
 
-    `stage` is the virtual stage (model chunk along the model); `chunk` is its local index on
-    its rank (``stage // num_stages``), 0 without interleaving. The rank is not stored: it is
-    ``stage % num_stages`` and only a `Schedule` knows ``num_stages``.
+    Named ``virtual_stage``, not ``stage``, because `utils.timeline.Event.stage` is a
+    pipeline stage (a rank's row): the two differ with interleaving. `chunk` is the local
+    index on its rank (``virtual_stage // num_stages``), 0 without interleaving. The rank is
+    not stored: it is ``virtual_stage % num_stages`` and only a `Schedule` knows
+    ``num_stages``.
     """
 
-    stage: int
-    kind: str
+    virtual_stage: int
+    """Model chunk along the model; equal to the rank without interleaving."""
+    kind: ComputeKind
     micro_batch: int
     chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in COMPUTE_KINDS:
             raise ValueError(f"unknown action kind {self.kind!r}; expected one of {COMPUTE_KINDS}")
-        if min(self.stage, self.micro_batch, self.chunk) < 0:
+        if min(self.virtual_stage, self.micro_batch, self.chunk) < 0:
             raise ValueError(f"negative index in {self!r}")
 
     def __str__(self) -> str:
-        return f"{self.stage}{KIND_LETTER[self.kind]}{self.micro_batch}"
+        return f"{self.virtual_stage}{KIND_LETTER[self.kind]}{self.micro_batch}"
 
 
 def parse_action(text: str, *, num_stages: int | None = None) -> Action:
@@ -140,10 +147,6 @@ class Schedule:
         """True when the backward is split into input (I) and weight (W) gradient passes."""
         return any(a.kind == "backward_weight" for row in self.actions for a in row)
 
-    def rank_of(self, stage: int) -> int:
-        """Rank that holds virtual stage `stage`."""
-        return stage % self.num_stages
-
     @classmethod
     def from_strings(cls, rows: Sequence[Sequence[str] | str], *, name: str = "custom",
                      chunks: int = 1, num_micro_batches: int | None = None) -> Schedule:
@@ -189,7 +192,7 @@ class Schedule:
         problems: list[str] = []
         for r, row in enumerate(self.actions):
             for a in row:
-                k, mb = a.stage, a.micro_batch
+                k, mb = a.virtual_stage, a.micro_batch
                 if k >= vs or mb >= m:
                     problems.append(f"rank {r}: {a} is outside {vs} virtual stages x {m} "
                                     "micro-batches")
@@ -226,15 +229,15 @@ class Schedule:
         n = len(flat)
         dep1, dep2 = [-1] * n, [-1] * n
         for i, a in enumerate(flat):
-            kind, slot = a.kind, a.stage * m + a.micro_batch
+            kind, slot = a.kind, a.virtual_stage * m + a.micro_batch
             if kind == "forward":
-                if a.stage > 0:
+                if a.virtual_stage > 0:
                     dep1[i] = where[F + slot - m]
             elif kind == "backward_weight":
                 dep1[i] = where[I + slot]
             else:
                 dep1[i] = where[F + slot]
-                if a.stage + 1 < vs:
+                if a.virtual_stage + 1 < vs:
                     nxt = where[B + slot + m]
                     dep2[i] = nxt if nxt >= 0 else where[I + slot + m]
         order = self._ready_order(flat, rank, dep1, dep2)
@@ -303,10 +306,10 @@ class Schedule:
         peak = 0
         for a in self.actions[rank]:
             if a.kind == "forward":
-                held.add((a.stage, a.micro_batch))
+                held.add((a.virtual_stage, a.micro_batch))
                 peak = max(peak, len(held))
             elif a.kind in freeing:
-                held.discard((a.stage, a.micro_batch))
+                held.discard((a.virtual_stage, a.micro_batch))
         return peak
 
     def compute_order(self, rank: int) -> list[str]:
@@ -361,15 +364,6 @@ class Schedule:
 
 
 # --- generators ------------------------------------------------------------------------------
-def _check_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = value.__index__()
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
-
-
 def interleaved_group_size(num_stages: int, num_micro_batches: int) -> int:
     """Micro-batches per round of interleaved 1F1B, as torch computes it.
 
@@ -411,8 +405,7 @@ def _action(stage: int, kind: str, micro_batch: int, chunk: int) -> Action:
     return Action(stage, kind, micro_batch, chunk)  # shared: actions are immutable
 
 
-@lru_cache(maxsize=1024)
-def build(name: str, num_stages: int, num_micro_batches: int, *, chunks: int = 1) -> Schedule:
+def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, *, chunks: int = 1) -> Schedule:
     """The schedule `name` for `num_stages` ranks and `num_micro_batches` micro-batches.
 
     * ``"gpipe"``: all forwards, then all backwards in micro-batch order 0..m-1.
@@ -428,11 +421,18 @@ def build(name: str, num_stages: int, num_micro_batches: int, *, chunks: int = 1
       ``ScheduleInterleavedZeroBubble`` with one chunk per rank.
     """
     key = name.lower().strip() if isinstance(name, str) else name
-    if key not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    p = _check_int("num_stages", num_stages)
-    m = _check_int("num_micro_batches", num_micro_batches)
-    v = _check_int("chunks", chunks)
+    if key not in SCHEDULE_NAMES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    # Checked before the cache: True == 1 and 2.0 == 2 hash alike, so a cached build for 1
+    # would otherwise answer build_schedule(name, True, ...).
+    p = validation.count("num_stages", num_stages)
+    m = validation.count("num_micro_batches", num_micro_batches)
+    v = validation.count("chunks", chunks)
+    return _build(key, p, m, v)
+
+
+@lru_cache(maxsize=1024)
+def _build(key: str, p: int, m: int, v: int) -> Schedule:
     if key == "interleaved-1f1b":
         if v < 2:
             raise ValueError("interleaved-1f1b needs chunks >= 2 model chunks per rank; "

@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .metrics import Metrics, MetricsSummary, compute_metrics
-from .timeline import COMM_KINDS, COMPUTE_KINDS, KINDS, Event, Timeline
+from utils.analysis.metrics import Metrics, compute_metrics
+from utils.analysis.steps import steady_steps
+from utils.analysis.summary import MetricsSummary
+from utils.timeline import COMM_KINDS, COMPUTE_KINDS, KINDS, Event, Timeline
 
 __all__ = ["KIND_COLORS", "PART_COLORS", "plot_timeline", "compare_timelines",
            "plot_stage_breakdown", "plot_sweep", "plot_memory", "default_step"]
@@ -50,14 +52,13 @@ _TEMPLATE = "plotly_white"
 def default_step(timeline: Timeline) -> int:
     """The step plots show by default: the first step after step 0, else the only one.
 
-    Step 0 carries one-off warm-up costs (allocator growth, JIT, connection setup), so the
+    Step 0 carries one-off warm-up costs (see `utils.analysis.steps.steady_steps`), so the
     next step is the representative one.
     """
     steps = timeline.steps
     if not steps:
         raise ValueError("the timeline has no events: nothing to plot")
-    later = [s for s in steps if s != 0]
-    return later[0] if later else steps[0]
+    return steady_steps(steps)[0]
 
 
 def _resolve_step(timeline: Timeline, step: int | None) -> int:

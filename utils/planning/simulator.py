@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from numbers import Real
 
-from .schedules import Schedule
-from .timeline import Event, Timeline
+from utils.planning.schedules import Schedule
+from utils.timeline import Event, Timeline
 
 __all__ = ["simulate", "cost_table"]
 
@@ -129,7 +129,7 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
             return bwd[k][mb] + wgt[k][mb]
         return bwd[k][mb]
 
-    durations = [duration(a.kind, a.stage, a.micro_batch) for a in plan.actions]
+    durations = [duration(a.kind, a.virtual_stage, a.micro_batch) for a in plan.actions]
     start, end = plan.times(durations, comm, p)
     events = [Event(stage=r, rank=r, step=0, kind=a.kind, micro_batch=a.micro_batch,
                     start=s, end=e, chunk=a.chunk)
@@ -140,9 +140,9 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
     changes: list[list[tuple[float, float]]] = [[] for _ in range(p)]
     for a, r, s, e in zip(plan.actions, plan.rank, start, end):
         if a.kind == "forward":
-            changes[r].append((s, per_stage_bytes[a.stage]))
+            changes[r].append((s, per_stage_bytes[a.virtual_stage]))
         elif a.kind == freeing:
-            changes[r].append((e, -per_stage_bytes[a.stage]))
+            changes[r].append((e, -per_stage_bytes[a.virtual_stage]))
     memory, peaks = [], []
     for rank_changes in changes:
         points: list[tuple[float, float]] = [(0.0, 0)]

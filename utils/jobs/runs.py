@@ -1,62 +1,21 @@
-"""The run directory and the `Run` object: one finished (or failed) job, restorable from disk.
+"""The `Run` object: one finished (or failed) job, restored from its run directory.
 
-Layout of ``runs/<time>-<name>-<id>/`` (the parent folder is `runs_dir()`):
-
-- ``spec.json``, ``command.txt``         what was run, and the command to run it by hand
-- ``partition.json``                     the stage boundaries chosen before launch, the method,
-                                         and the predicted per-stage cost when a profile exists
-- ``status.json``                        state, error, start and end, launcher pid, notes
-- ``launcher.log``                       what torchrun printed
-- per rank: ``rank{r}.log``, ``events-rank{r}.jsonl``, ``progress-rank{r}.jsonl``,
-  ``result-rank{r}.json`` or ``error-rank{r}.json`` (see `utils.job`)
-
-Only the launcher writes ``state: "succeeded"``, and only after every rank wrote its result
-and torchrun exited 0; a run whose launcher vanished reads back as ``"incomplete"``, so a
-crashed or killed run never looks successful.
+The directory's files and their meaning are `utils.jobs.rundir.RunDir`'s business; a `Run`
+reads them through it and never spells a file name out. Heavy parts (the timeline) load on
+first use, and a missing or corrupt record (a run killed while it was being created, a file
+edited by hand) reads as "unknown" instead of raising somewhere unrelated.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .spec import JobSpec
-from .timeline import Event, Timeline
-
-FINAL_STATES = ("succeeded", "failed", "timeout", "stopped", "incomplete")
-
-
-def runs_dir() -> Path:
-    """Where runs are kept: ``$WORKBOOK_RUNS`` if set, else ``runs/`` at the project root."""
-    configured = os.environ.get("WORKBOOK_RUNS")
-    return Path(configured) if configured else Path(__file__).resolve().parent.parent / "runs"
-
-
-def read_json(path: Path, default=None):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return default
-
-
-def write_json(path: Path, data, *, indent: int | None = None) -> None:
-    """Write JSON so that readers (the launcher polling, another process) never see half a
-    file: write a private temporary file, then rename it into place."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=indent), encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Complete lines only: a line still being written is skipped, not misread."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+from utils.jobs.rundir import PartitionChange, RunDir, RunState, runs_dir
+from utils.jobs.spec import JobSpec
+from utils.system.procs import pid_alive
+from utils.timeline import Event, Timeline
 
 
 @dataclass
@@ -65,7 +24,7 @@ class Run:
 
     path: Path
     spec: JobSpec
-    state: str
+    state: RunState
     command: str
     error: str | None
     started: float
@@ -74,18 +33,21 @@ class Run:
 
     @classmethod
     def load(cls, path: str | Path) -> Run:
-        path = Path(path)
-        spec_data = read_json(path / "spec.json")
+        run_dir = RunDir(path)
+        spec_data = run_dir.read_spec()
         if spec_data is None:
-            raise FileNotFoundError(f"{path} is not a run directory (no readable spec.json)")
-        status = read_json(path / "status.json", {})
+            raise FileNotFoundError(f"{run_dir.path} is not a run directory (no readable {RunDir.SPEC})")
+        status = run_dir.read_status()
         state = status.get("state", "incomplete")
-        if state == "running" and not _alive(status.get("launcher_pid")):
+        if state == "running" and not pid_alive(status.get("launcher_pid")):
             state = "incomplete"
-        return cls(path=path, spec=JobSpec.from_dict(spec_data), state=state,
-                   command=(path / "command.txt").read_text() if (path / "command.txt").exists() else "",
+        return cls(path=run_dir.path, spec=JobSpec.from_dict(spec_data), state=state, command=run_dir.command(),
                    error=status.get("error"), started=status.get("started", 0.0),
                    finished=status.get("finished"), notes=tuple(status.get("notes", ())))
+
+    @property
+    def run_dir(self) -> RunDir:
+        return RunDir(self.path)
 
     @property
     def ok(self) -> bool:
@@ -102,15 +64,14 @@ class Run:
     @cached_property
     def results(self) -> dict[int, dict]:
         """Per rank: stage, layer range, peak memory, device (only ranks that finished)."""
-        found = {r: read_json(self.path / f"result-rank{r}.json") for r in self.ranks}
-        return {r: data for r, data in found.items() if data is not None}
+        found = {r: self.run_dir.result(r) for r in self.ranks}
+        return {r: data for r, data in found.items() if isinstance(data, dict)}
 
     @cached_property
     def timeline(self) -> Timeline:
-        from .models import get_model
+        from utils.workloads.models import get_model
 
-        events = [Event(**row) for r in self.ranks
-                  for row in read_jsonl(self.path / f"events-rank{r}.jsonl")]
+        events = [Event(**row) for r in self.ranks for row in self.run_dir.read_events(r)]
         spec = self.spec
         return Timeline(events=tuple(events), num_stages=spec.num_stages,
                         num_micro_batches=spec.micro_batches, source="measured",
@@ -118,11 +79,12 @@ class Run:
                         seq_len=get_model(spec.model, spec.model_options).seq_len,
                         label=spec.name or self.name,
                         meta={"schedule": spec.schedule, "parts": self.parts, "run": str(self.path),
+                              "partitions": [(c.step, list(c.boundaries)) for c in self.partitions],
                               "device": self.device})
 
     def progress(self, rank: int = 0) -> list[dict]:
         """The per-step lines (step, loss, seconds) one rank wrote."""
-        return read_jsonl(self.path / f"progress-rank{rank}.jsonl")
+        return self.run_dir.progress(rank)
 
     @property
     def losses(self) -> list[float]:
@@ -135,30 +97,57 @@ class Run:
         per_rank = [[row["seconds"] for row in self.progress(r)] for r in self.ranks]
         return [max(times) for times in zip(*per_rank)] if per_rank else []
 
+    # --- the partition -----------------------------------------------------------------------------
+    @cached_property
+    def plan(self) -> dict:
+        """``plan.json``: device and the partition decided before launch ({} if unreadable)."""
+        return self.run_dir.read_plan() or {}
+
     @cached_property
     def partition_record(self) -> dict:
-        """``partition.json``: the boundaries, how they were chosen and the predicted stage
-        costs (`utils.profiling.partition_record`)."""
-        return read_json(self.path / "partition.json")
+        """The boundaries, how they were chosen and the predicted stage costs
+        (`utils.jobs.plan.JobPlan.partition_record`); {} when the record is missing or corrupt."""
+        record = self.plan.get("partition")
+        return record if isinstance(record, dict) else {}
+
+    @cached_property
+    def partitions(self) -> list[PartitionChange]:
+        """The partition history: ``(step, boundaries)`` from step 0 on, one entry per change.
+        Empty when neither the plan nor any rank recorded the boundaries."""
+        initial = self.partition_record.get("parts")
+        if initial is None:  # fall back on what the ranks reported they ran
+            initial = next((data.get("parts") for data in self.results.values() if data.get("parts")), None)
+        history = [PartitionChange(step=0, boundaries=tuple(initial), reason="plan")] if initial else []
+        return history + self.run_dir.partition_changes()
 
     @property
-    def parts(self) -> list[int]:
-        """Stage boundaries ``[0, b1, ..., n_layers]`` the job ran with."""
-        return self.partition_record["parts"]
+    def parts(self) -> list[int] | None:
+        """Stage boundaries ``[0, b1, ..., n_layers]`` the job started with (None if unknown);
+        see `partitions` for changes while it ran."""
+        return list(self.partitions[0].boundaries) if self.partitions else None
+
+    def parts_at(self, step: int) -> list[int] | None:
+        """The boundaries in force during training step `step`."""
+        current = None
+        for change in self.partitions:
+            if change.step <= step:
+                current = list(change.boundaries)
+        return current
 
     @property
     def predicted_stage_costs(self) -> list[float] | None:
         """Forward + backward seconds per micro-batch of each stage, predicted before launch
         from the job's layer profile: always present for ``partition="profile"``, for other
         methods only if the profile was already cached, else None."""
-        return self.partition_record["predicted_stage_costs"]
+        return self.partition_record.get("predicted_stage_costs")
 
     @property
-    def partition_method(self) -> str:
+    def partition_method(self) -> str | None:
         """How the boundaries were chosen: ``"uniform"``, ``"parameters"``, ``"profile"`` or
-        ``"explicit"``."""
-        return self.partition_record["method"]
+        ``"explicit"`` (None if the record is missing)."""
+        return self.partition_record.get("method")
 
+    # --- memory and device -------------------------------------------------------------------------
     @property
     def peak_memory(self) -> dict[int, int]:
         """Peak memory per stage in bytes (largest over replicas); see `memory_kind`."""
@@ -174,11 +163,11 @@ class Run:
 
     @property
     def device(self) -> str | None:
-        return next((data["device"] for data in self.results.values()), None)
+        return next((data["device"] for data in self.results.values()), self.plan.get("device"))
 
     def log(self, rank: int, *, tail: int | None = None) -> str:
-        text = (self.path / f"rank{rank}.log").read_text(errors="replace") \
-            if (self.path / f"rank{rank}.log").exists() else ""
+        path = self.run_dir.rank_log(rank)
+        text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-tail:]) if tail else text
 
     def __repr__(self) -> str:
@@ -191,7 +180,7 @@ def list_runs(directory: str | Path | None = None) -> list[Run]:
     root = Path(directory) if directory else runs_dir()
     if not root.exists():
         return []
-    return [Run.load(p) for p in sorted(root.iterdir()) if (p / "spec.json").exists()]
+    return [Run.load(p) for p in sorted(root.iterdir()) if RunDir(p).read_spec() is not None]
 
 
 def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
@@ -199,16 +188,16 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
     `spec`, else None; ``find_run(spec) or run_job(spec)`` reuses a finished job instead of
     running it again.
 
-    Only each record's ``spec.json`` is read until one matches, so a long ``runs/`` costs
-    little; records whose spec this version cannot read (an older format, a half-written
-    file) are skipped, and so are failed, stopped and incomplete runs.
+    Only each record's spec is read until one matches, so a long ``runs/`` costs little;
+    records whose spec this version cannot read (an older format, a half-written file) are
+    skipped, and so are failed, stopped and incomplete runs.
     """
     root = Path(directory) if directory else runs_dir()
     if not root.exists():
         return None
     for path in sorted(root.iterdir(), reverse=True):  # names start with the start time
-        data = read_json(path / "spec.json")
-        if not isinstance(data, dict):
+        data = RunDir(path).read_spec()
+        if data is None:
             continue
         try:
             recorded = JobSpec.from_dict(data)
@@ -219,15 +208,3 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
             if run.ok:
                 return run
     return None
-
-
-def _alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -1,0 +1,26 @@
+"""The DeepSpeed config a job runs with, built from its `JobSpec`.
+
+Stages, partition and schedule are *not* DeepSpeed config keys: DeepSpeed 0.19.8 silently
+ignores unknown top-level keys such as ``pipe_parallel_size`` or ``schedule``. They are
+`PipelineModule` arguments and engine settings, which the rank program sets from the spec.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from utils.jobs.spec import JobSpec
+
+
+def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
+    """The config dict passed to ``deepspeed.initialize`` for `spec`."""
+    return {
+        "train_batch_size": spec.global_batch,
+        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
+        "gradient_accumulation_steps": spec.micro_batches,
+        # torch's AdamW: runs on CPU and GPU alike, so both give the same numbers.
+        "optimizer": {"type": "Adam", "params": {"lr": spec.lr, "torch_adam": True}},
+        "steps_per_print": 10**9,  # the workbook reports progress itself
+        "wall_clock_breakdown": False,  # True crashes non-last stages in 0.19.8 (DESIGN.md)
+    }

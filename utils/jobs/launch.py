@@ -1,0 +1,218 @@
+"""Start a real multi-process DeepSpeed pipeline job and watch it to the end.
+
+`run_job(spec)` plans the job (`plan_job`: check, device, profile, boundaries), creates its
+run directory, starts its ranks through a `Launcher` (``torchrun --standalone`` on this
+machine by default; the command is saved in ``command.txt`` so a learner can run it in a
+terminal), shows progress, and returns a `Run`. Whatever happens the job ends with no
+process left behind:
+
+- a rank raises      -> its error file appears; the job is stopped and `JobFailed` names the
+                        rank, its stage and the tail of its traceback, within seconds;
+- a rank dies        -> the launcher reports the root cause; the same error names it;
+- a rank hangs       -> after `spec.timeout` the job is stopped and the error names the
+                        instruction each rank was executing;
+- Ctrl-C / the notebook's stop button -> the job is stopped, state "stopped".
+
+`start_job` returns the `RunningJob` handle that widgets drive without blocking.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from utils.jobs.launchers import Launcher, LocalTorchrun
+from utils.jobs.plan import JobPlan, plan_job
+from utils.jobs.progress import ProgressLine
+from utils.jobs.rundir import RunDir, RunState, StatusSlot
+from utils.jobs.runs import Run
+from utils.jobs.spec import JobSpec
+
+POLL_SECONDS = 0.2
+LAUNCHER_GRACE = 10.0
+"""Seconds the launcher gets to stop the other ranks and report exit codes after a failure."""
+PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+class JobFailed(RuntimeError):
+    """A job did not succeed; `.run` holds its record (logs, partial timeline)."""
+
+    def __init__(self, message: str, run: Run):
+        super().__init__(message)
+        self.run = run
+
+
+class RunningJob:
+    """A started job: poll it, stop it, or wait for its `Run`."""
+
+    def __init__(self, plan: JobPlan, run_dir: RunDir, launcher: Launcher, command: str):
+        self.plan, self.run_dir, self.launcher, self.command = plan, run_dir, launcher, command
+        self.spec, self.path, self.notes = plan.spec, run_dir.path, list(plan.notes)
+        self.started = time.time()
+        self.state: RunState = "running"
+        self.error: str | None = None
+        self._started_ranks: set[int] = set()
+
+    # --- observation ---------------------------------------------------------------------------
+    def progress(self) -> list[dict]:
+        """Steps finished so far (step, loss, seconds), as rank 0 reports them."""
+        return self.run_dir.progress(0)
+
+    def poll(self) -> RunState:
+        """Advance the state machine once; returns the state (``"running"`` until the end)."""
+        if self.state != "running":
+            return self.state
+        if len(self._started_ranks) < self.spec.world_size:
+            # Remembered so that a rank that died without a Python error can be told from one
+            # that never started.
+            self._started_ranks.update(self.launcher.workers())
+        errors = self._errors()
+        code = self.launcher.returncode()
+        if errors or code is not None:
+            if code is None:  # a rank failed: let the launcher stop the rest and report exit codes
+                self.launcher.wait(LAUNCHER_GRACE)
+                errors = self._errors()
+            finished = [r for r in range(self.spec.world_size) if self.run_dir.result_file(r).exists()]
+            if not errors and self.launcher.returncode() == 0 and len(finished) == self.spec.world_size:
+                self._finish("succeeded", None)
+            else:
+                self._finish("failed", self._describe_failure(errors))
+        elif time.time() - self.started > self.spec.timeout:
+            self._finish("timeout", self._describe_hang())
+        return self.state
+
+    def _errors(self) -> list[dict]:
+        return [e for r in range(self.spec.world_size) if (e := self.run_dir.error(r)) is not None]
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Stop every process of the job now."""
+        if self.state == "running":
+            self._finish("stopped", reason)
+
+    def wait(self, *, on_progress: Callable[[list[dict]], None] | None = None) -> Run:
+        """Block until the job ends; raise `JobFailed` unless it succeeded. Ctrl-C stops it."""
+        seen = -1
+        try:
+            while self.poll() == "running":
+                rows = self.progress()
+                if on_progress and len(rows) != seen:
+                    seen = len(rows)
+                    on_progress(rows)
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            self.stop("interrupted (KeyboardInterrupt)")
+            raise
+        rows = self.progress()
+        if on_progress and len(rows) != seen:  # steps that finished after the last poll
+            on_progress(rows)
+        return self.result()
+
+    def result(self) -> Run:
+        run = Run.load(self.path)
+        if self.state != "succeeded":
+            raise JobFailed(f"job {self.path.name} {self.state}: {self.error}\n"
+                            f"(run directory: {self.path})", run)
+        return run
+
+    # --- ending ----------------------------------------------------------------------------------
+    def _finish(self, state: RunState, error: str | None) -> None:
+        self.launcher.stop()
+        self.state, self.error = state, error
+        self.run_dir.write_status(state=state, error=error, started=self.started, finished=time.time(),
+                                  command=self.command, notes=self.notes)
+
+    def _describe_failure(self, errors: list[dict]) -> str:
+        """Name the rank that failed first: the others usually fail *because* of it (their
+        peer connection closed), so their errors are reported as consequences."""
+        causes = [e for e in errors if not _is_peer_failure(e)]
+        if causes:
+            return _describe_error(min(causes, key=lambda e: e["time"]), errors)
+        report = self.launcher.exit_report(self.run_dir)
+        reported = {e["rank"] for e in errors}
+        # The launcher stops the surviving ranks with SIGTERM: those are consequences, not causes.
+        vanished = [r for r in list(report.first_failed) + sorted(self._started_ranks)
+                    if r not in reported and not self.run_dir.result_file(r).exists()
+                    and not report.stopped_by_launcher(r)]
+        if vanished:
+            rank = vanished[0]
+            code = report.exit_codes.get(rank)
+            if code is None:
+                how = "died"
+            elif code < 0:
+                how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
+            else:
+                how = f"died with exit code {code}"
+            after = f" (rank(s) {sorted(reported)} then lost their connection to it)" if reported else ""
+            return (f"rank {rank} (stage {self.spec.stage_of_rank(rank)}) {how} and no Python error{after}; "
+                    f"the end of its log:\n{_tail(self.run_dir.rank_log(rank))}")
+        if errors:
+            return _describe_error(min(errors, key=lambda e: e["time"]), errors)
+        return (f"the launcher exited with code {self.launcher.returncode()}; the end of "
+                f"{RunDir.LAUNCHER_LOG}:\n{_tail(self.run_dir.file(RunDir.LAUNCHER_LOG))}")
+
+    def _describe_hang(self) -> str:
+        lines = [f"no progress to the end within timeout={self.spec.timeout:g} s; "
+                 "the instruction each rank was executing when it was stopped:"]
+        for rank in range(self.spec.world_size):
+            status = StatusSlot.read(self.run_dir.status_slot(rank)) or "not started (still initialising)"
+            lines.append(f"  rank {rank} (stage {self.spec.stage_of_rank(rank)}): {status}")
+        lines.append("A rank blocked in recv_* waits for a neighbour; the rank that is not in a "
+                     "send/recv is usually the one that hangs.")
+        return "\n".join(lines)
+
+
+def start_job(spec: JobSpec, *, directory: str | Path | None = None,
+              launcher: Launcher | None = None) -> RunningJob:
+    """Plan `spec` (`plan_job`), create its run directory and start its processes."""
+    plan = plan_job(spec)
+    launcher = launcher or LocalTorchrun()
+    run_dir = RunDir.create(spec.name or spec.model, directory)
+    run_dir.write_spec(spec.to_dict())
+    run_dir.write_plan(plan.to_record())
+    command = launcher.command(plan, run_dir)
+    run_dir.write_command(command)
+    launcher.start(plan, run_dir)
+    job = RunningJob(plan, run_dir, launcher, command)
+    run_dir.write_status(state="running", error=None, started=job.started, finished=None,
+                         command=command, notes=job.notes, launcher_pid=os.getpid())
+    return job
+
+
+def run_job(spec: JobSpec | None = None, *, directory: str | Path | None = None,
+            progress: bool | Callable[[list[dict]], None] = True, **fields) -> Run:
+    """Run a real DeepSpeed pipeline job to the end and return its `Run`.
+
+    ``run_job(JobSpec(num_stages=4))`` or ``run_job(num_stages=4)``. `progress`: True shows
+    "step k/N, loss" (a live line in a notebook, a line per step in a terminal), False is
+    silent, a callable receives the progress rows. Raises `JobFailed` if the job fails.
+    """
+    if spec is None:
+        spec = JobSpec(**fields)
+    elif fields:
+        raise TypeError("give either a JobSpec or its fields, not both")
+    job = start_job(spec, directory=directory)
+    reporter = progress if callable(progress) else (ProgressLine(job) if progress else None)
+    return job.wait(on_progress=reporter)
+
+
+def _is_peer_failure(error: dict) -> bool:
+    """Errors a rank gets because a *neighbour* went away, not because of its own code."""
+    return any(text in error["message"] for text in PEER_FAILURE_TEXTS)
+
+
+def _describe_error(first: dict, errors: list[dict]) -> str:
+    tail = "\n".join(first["traceback"].strip().splitlines()[-12:])
+    others = sorted(e["rank"] for e in errors if e is not first)
+    also = f" (then rank(s) {others} failed too)" if others else ""
+    return (f"rank {first['rank']} (stage {first['stage']}) raised {first['type']}: {first['message']}{also}\n"
+            f"--- end of its traceback ---\n{tail}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,157 @@
+"""`plan_job(spec) -> JobPlan`: everything decided about a job before any process starts.
+
+A `JobSpec` says what a learner asked for; a `JobPlan` says what that means on this
+machine, computed once: the resolved model, the device (``"auto"`` resolved), the layer
+profile when one is needed or already cached, the stage boundaries and how they were
+chosen, the per-stage cost the profile predicts, and notes worth showing (ranks sharing
+cores). The launcher writes it to the run directory as ``plan.json``, and every rank reads
+its device and boundaries from there instead of deciding again.
+
+Boundaries are computed here, with DeepSpeed's own algorithms, rather than inside the
+ranks, for two reasons: the run record knows its partition before it starts, and DeepSpeed
+0.19.8's ``partition_method="parameters"`` with ``seed_layers=True`` crashes on
+Python >= 3.11 (its boundaries are numpy integers, which ``random.seed`` rejects).
+DeepSpeed's ``partition_method="profile"`` raises NotImplementedError; ``"profile"`` here
+means the exact min-max balance of the measured per-layer costs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from utils.jobs.config import deepspeed_config
+from utils.jobs.spec import JobSpec
+from utils.planning.partitioning import partition_layers, stage_costs
+from utils.profiling.profile import LayerProfile, profile_layers
+from utils.system.cpu import rank_threads
+from utils.system.devices import resolve_device
+from utils.workloads.models import Model, get_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPlan:
+    """What a job will run with on this machine (see the module docstring)."""
+
+    spec: JobSpec
+    model: Model
+    """The resolved model preset (layer list, parameter counts)."""
+    device: str
+    """``"cpu"`` or ``"cuda"``: the spec's device with ``"auto"`` resolved for its rank count."""
+    boundaries: tuple[int, ...]
+    """Stage boundaries ``[0, b1, ..., n_layers]`` every rank imposes from step 0."""
+    method: str
+    """How they were chosen: ``"uniform"``, ``"parameters"``, ``"profile"`` or ``"explicit"``."""
+    profile: LayerProfile | None
+    """The layer profile used (``partition="profile"``) or found in the cache; else None."""
+    threads: int | None
+    """Torch threads per rank on CPU (`utils.system.cpu.rank_threads`); None on GPU."""
+    notes: tuple[str, ...] = ()
+    """Things the learner should know about this run's timings."""
+
+    @property
+    def predicted_stage_costs(self) -> list[float] | None:
+        """Forward + backward seconds per micro-batch of each stage, from the profile."""
+        return stage_costs(self.profile.total, self.boundaries) if self.profile else None
+
+    @property
+    def deepspeed_config(self) -> dict[str, Any]:
+        return deepspeed_config(self.spec)
+
+    def partition_record(self) -> dict[str, Any]:
+        """The partition part of ``plan.json``: what `utils.jobs.runs.Run` reads back."""
+        profile = self.profile
+        return {
+            "parts": list(self.boundaries),
+            "method": self.method,
+            "predicted_stage_costs": self.predicted_stage_costs,
+            "layer_costs": profile.total if profile else None,
+            "profile": None if profile is None else {
+                "device": profile.device, "device_name": profile.device_name, "threads": profile.threads,
+                "concurrency": profile.concurrency, "micro_batch_size": profile.micro_batch_size,
+                "repeats": profile.repeats, "measured_at": profile.measured_at},
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        """``plan.json``: read by every rank (device, boundaries) and by `Run`."""
+        return {"device": self.device, "threads": self.threads, "notes": list(self.notes),
+                "partition": self.partition_record()}
+
+
+def plan_job(spec: JobSpec) -> JobPlan:
+    """Check `spec` and decide device, profile and boundaries, once.
+
+    Raises ValueError, saying what to change, for a spec that cannot run here (a CUDA job
+    with more ranks than visible GPUs, say) before any profiling starts. With
+    ``partition="profile"`` this measures the layer profile unless it is cached.
+    """
+    spec.check()
+    model = get_model(spec.model, spec.model_options)
+    device = resolve_device(spec.device, ranks=spec.world_size)
+    notes = []
+    if device == "cuda":
+        import torch
+
+        available = torch.cuda.device_count()
+        if spec.world_size > available:
+            raise ValueError(f"the job needs {spec.world_size} GPUs (num_stages × data_parallel) but "
+                             f"{available} are visible; use fewer stages or device='cpu'")
+    elif spec.device == "auto" and _gpu_count() > 0:
+        notes.append(f"device='auto' runs on CPU: {spec.world_size} ranks need as many GPUs, "
+                     f"{_gpu_count()} are visible")
+    cores = len(os.sched_getaffinity(0))
+    if device == "cpu" and spec.world_size > cores:
+        notes.append(f"{spec.world_size} ranks share {cores} CPU cores: timings include contention "
+                     "between stages, not only their work")
+    if spec.partition == "profile":
+        profile = profile_for_job(spec, device=device)
+    else:
+        profile = profile_for_job(spec, device=device, measure=False)  # a prediction if cached
+    return JobPlan(spec=spec, model=model, device=device, profile=profile,
+                   boundaries=tuple(plan_boundaries(spec, model, profile)),
+                   method=spec.partition if isinstance(spec.partition, str) else "explicit",
+                   threads=rank_threads(spec.world_size) if device == "cpu" else None, notes=tuple(notes))
+
+
+def plan_boundaries(spec: JobSpec, model: Model, profile: LayerProfile | None) -> list[int]:
+    """The boundaries `spec.partition` asks for: explicit ones as given; ``"uniform"`` and
+    ``"parameters"`` with DeepSpeed's algorithms on the model's parameter counts;
+    ``"profile"`` with the exact min-max balance of `profile` (required then).
+    DeepSpeed's ``type:REGEX`` is left out: the presets' layer classes make ``uniform`` and
+    ``parameters`` cover what a regex would choose."""
+    if not isinstance(spec.partition, str):
+        return [int(b) for b in spec.partition]
+    if spec.partition == "profile":
+        if profile is None:
+            raise ValueError("partition='profile' needs the job's layer profile")
+        return profile.balanced(spec.num_stages)
+    params = model.param_counts()
+    if spec.partition == "uniform":
+        return partition_layers(params, spec.num_stages, method="uniform")
+    return partition_layers(params, spec.num_stages, method="parameters", params=params)
+
+
+def profile_for_job(spec: JobSpec, *, device: str | None = None, cache: bool = True,
+                    measure: bool = True) -> LayerProfile | None:
+    """The layer profile that matches job `spec`: its model, micro-batch size, device, seed
+    and, on CPU, the thread count each of its ranks gets and as many processes measuring
+    at once as it has ranks (see `utils.profiling.profile.profile_layers`).
+
+    ``measure=False`` returns the cached profile or None, and never measures (nor fails for
+    a GPU job looked up on a machine without a GPU).
+    """
+    device = device or resolve_device(spec.device, ranks=spec.world_size)
+    if device == "cuda" and not measure and _gpu_count() == 0:
+        return None
+    cpu = device == "cpu"
+    return profile_layers(spec.model, model_options=spec.model_options, cache=cache, measure=measure,
+                          micro_batch_size=spec.micro_batch_size, device=device, seed=spec.seed,
+                          threads=rank_threads(spec.world_size) if cpu else None,
+                          concurrency=spec.world_size if cpu else 1)
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

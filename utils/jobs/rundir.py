@@ -1,0 +1,190 @@
+"""The run directory: the contract between the launcher, the ranks and every later reader.
+
+One class owns every file name, so no other module spells one out. Layout of
+``runs/<time>-<name>-<id>/`` (the parent folder is `runs_dir()`):
+
+- ``spec.json``                 the `JobSpec` (what was asked)
+- ``plan.json``                 the `JobPlan` record (what was decided before launch: device,
+                                boundaries and how they were chosen, predicted stage costs)
+- ``partitions.jsonl``          partition changes made while the job ran, one per line
+                                (``step``, ``boundaries``, ``reason``); the plan's boundaries
+                                hold from step 0 until the first change
+- ``command.txt``               the command that runs the job by hand
+- ``status.json``               state, error, start and end, launcher pid, notes
+- ``launcher.log``              what the launcher (torchrun) printed
+- per rank ``r``: ``rank{r}.log`` (everything it printed), ``status-rank{r}`` (the
+  instruction it executes now), ``events-rank{r}.jsonl`` (traced instructions),
+  ``progress-rank{r}.jsonl`` (step, loss, seconds), ``result-rank{r}.json`` on success,
+  ``error-rank{r}.json`` on failure
+
+Only the launcher writes ``state: "succeeded"``, and only after every rank wrote its result
+and the launcher process exited 0; a run whose launcher vanished reads back as
+``"incomplete"``, so a crashed or killed run never looks successful.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from utils.system.fileio import read_json, read_jsonl, write_json
+from utils.system.paths import PROJECT_ROOT
+
+RunState = Literal["running", "succeeded", "failed", "timeout", "stopped", "incomplete"]
+STATUS_BYTES = 128
+
+
+def runs_dir() -> Path:
+    """Where runs are kept: ``$WORKBOOK_RUNS`` if set, else ``runs/`` at the project root."""
+    configured = os.environ.get("WORKBOOK_RUNS")
+    return Path(configured) if configured else PROJECT_ROOT / "runs"
+
+
+@dataclass(frozen=True)
+class PartitionChange:
+    """Stage boundaries in force from training step `step` on."""
+
+    step: int
+    boundaries: tuple[int, ...]
+    reason: str = ""
+
+
+class RunDir:
+    """File names and reading/writing of one run directory (see the module docstring)."""
+
+    SPEC, PLAN, PARTITIONS = "spec.json", "plan.json", "partitions.jsonl"
+    COMMAND, STATUS, LAUNCHER_LOG = "command.txt", "status.json", "launcher.log"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, label: str, root: str | Path | None = None) -> RunDir:
+        """A new, empty run directory named ``<time>-<label>-<random id>`` under `root`."""
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")[:40] or "job"
+        path = Path(root or runs_dir()) / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(3)}"
+        path.mkdir(parents=True)
+        return cls(path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    # --- per-rank files ------------------------------------------------------------------------
+    def rank_log(self, rank: int) -> Path:
+        return self.path / f"rank{rank}.log"
+
+    def status_slot(self, rank: int) -> Path:
+        return self.path / f"status-rank{rank}"
+
+    def events(self, rank: int) -> Path:
+        return self.path / f"events-rank{rank}.jsonl"
+
+    def progress_file(self, rank: int) -> Path:
+        return self.path / f"progress-rank{rank}.jsonl"
+
+    def result_file(self, rank: int) -> Path:
+        return self.path / f"result-rank{rank}.json"
+
+    def error_file(self, rank: int) -> Path:
+        return self.path / f"error-rank{rank}.json"
+
+    def progress(self, rank: int) -> list[dict]:
+        return read_jsonl(self.progress_file(rank))
+
+    def result(self, rank: int) -> dict | None:
+        return read_json(self.result_file(rank))
+
+    def error(self, rank: int) -> dict | None:
+        return read_json(self.error_file(rank))
+
+    def write_result(self, rank: int, data: dict) -> None:
+        write_json(self.result_file(rank), data)
+
+    def write_error(self, rank: int, data: dict) -> None:
+        write_json(self.error_file(rank), data)
+
+    def read_events(self, rank: int) -> list[dict]:
+        return read_jsonl(self.events(rank))
+
+    # --- job-wide records ----------------------------------------------------------------------
+    def read_spec(self) -> dict | None:
+        data = read_json(self.file(self.SPEC))
+        return data if isinstance(data, dict) else None
+
+    def write_spec(self, data: dict) -> None:
+        write_json(self.file(self.SPEC), data, indent=2)
+
+    def read_plan(self) -> dict | None:
+        """The plan record, or None when it is missing or unreadable. Runs recorded before
+        ``plan.json`` existed kept their partition in ``partition.json``; it is read as
+        the plan's partition."""
+        plan = read_json(self.file(self.PLAN))
+        if isinstance(plan, dict) and isinstance(plan.get("partition"), dict):
+            return plan
+        legacy = read_json(self.file("partition.json"))
+        if isinstance(legacy, dict) and "parts" in legacy:
+            return {"partition": legacy}
+        return None
+
+    def write_plan(self, data: dict) -> None:
+        write_json(self.file(self.PLAN), data, indent=2)
+
+    def record_partition_change(self, change: PartitionChange) -> None:
+        """Append one change (written by the job while it runs; one line is one write)."""
+        line = json.dumps({"step": change.step, "boundaries": list(change.boundaries), "reason": change.reason})
+        with open(self.file(self.PARTITIONS), "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def partition_changes(self) -> list[PartitionChange]:
+        return [PartitionChange(step=row["step"], boundaries=tuple(row["boundaries"]), reason=row.get("reason", ""))
+                for row in read_jsonl(self.file(self.PARTITIONS))]
+
+    def read_status(self) -> dict[str, Any]:
+        status = read_json(self.file(self.STATUS), {})
+        return status if isinstance(status, dict) else {}
+
+    def write_status(self, **status) -> None:
+        write_json(self.file(self.STATUS), status, indent=2)
+
+    def command(self) -> str:
+        path = self.file(self.COMMAND)
+        return path.read_text() if path.exists() else ""
+
+    def write_command(self, command: str) -> None:
+        self.file(self.COMMAND).write_text(command + "\n", encoding="utf-8")
+
+
+class StatusSlot:
+    """A small memory-mapped file holding the instruction a rank is executing now.
+
+    Writing it costs a memory copy, no system call, so it is updated at every instruction;
+    the launcher reads it when a job hangs, even while the rank is blocked inside a
+    collective where no Python code runs.
+    """
+
+    def __init__(self, path: Path):
+        path.write_bytes(b" " * STATUS_BYTES)
+        self._file = open(path, "r+b")
+        self._map = mmap.mmap(self._file.fileno(), STATUS_BYTES)
+
+    def write(self, text: str) -> None:
+        data = text.encode()[:STATUS_BYTES].ljust(STATUS_BYTES)
+        self._map[:] = data
+
+    @staticmethod
+    def read(path: Path) -> str:
+        try:
+            return path.read_bytes().decode(errors="replace").strip()
+        except OSError:
+            return ""

@@ -1,0 +1,194 @@
+"""`JobSpec`: everything that defines one pipeline training job, as plain typed data.
+
+A spec is plain data (it is saved as ``spec.json`` in the run directory and read back by
+every rank), so a job can be reproduced from its record alone. `JobSpec.check()` is the one
+place a spec is validated: it turns every mistake DeepSpeed would only report from inside
+N processes — or silently ignore — into one clear error in the notebook, before any
+process starts. What a spec *means* on this machine (device, boundaries, profile) is
+decided by `utils.jobs.plan.plan_job`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
+
+from utils import validation
+from utils.system.devices import Device
+from utils.timeline import INSTRUCTION_KINDS, InstructionKind
+from utils.workloads.models import get_model
+
+JobSchedule = Literal["1f1b", "gpipe"]
+"""Schedules a job runs on DeepSpeed: ``"1f1b"`` is DeepSpeed's own `TrainSchedule`;
+``"gpipe"`` is `utils.planning.schedules.build_schedule("gpipe", ...)` lowered onto the engine
+by `utils.runtime.lowering`."""
+PartitionMethod = Literal["uniform", "parameters", "profile"]
+"""Partition methods by name: DeepSpeed's ``uniform`` and ``parameters``, and ``profile``
+(measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
+DeepSpeed's ``type:REGEX`` is left out on purpose (see `utils.jobs.plan.plan_boundaries`)."""
+FaultKind = Literal["raise", "hang", "exit", "killed"]
+
+JOB_SCHEDULES: tuple[str, ...] = get_args(JobSchedule)
+PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
+DEVICES: tuple[str, ...] = get_args(Device)
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """A failure injected on purpose, to practise troubleshooting (and to test that the
+    launcher copes): the first rank of `stage` fails when it starts `instruction` in `step`."""
+
+    kind: FaultKind = "raise"
+    """``"raise"``: an exception; ``"hang"``: sleep forever; ``"exit"``: the process dies
+    (exit code 3); ``"killed"``: the process is killed by SIGKILL, as the kernel's
+    out-of-memory killer does."""
+    stage: int = 0
+    """Pipeline stage whose first rank fails."""
+    step: int = 0
+    """Training step in which it fails."""
+    instruction: InstructionKind = "forward"
+    """Instruction kind at whose start it fails (see `utils.timeline.INSTRUCTION_KINDS`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One real DeepSpeed pipeline job: model, parallelism, batch, schedule and limits."""
+
+    model: str = "gpt"
+    """Model preset (see `utils.workloads.models.PRESETS`): ``"gpt"``, ``"gpt-large"``, ``"mlp"``."""
+    model_options: Mapping[str, int] = field(default_factory=dict)
+    """Overrides of the preset's sizes, e.g. ``{"blocks": 10, "vocab": 16384}``."""
+    num_stages: int = 2
+    """Pipeline stages (PipelineModule ``num_stages``)."""
+    data_parallel: int = 1
+    """Data-parallel replicas of the whole pipeline; processes = num_stages × data_parallel."""
+    micro_batches: int = 4
+    """Micro-batches per step (DeepSpeed's ``gradient_accumulation_steps``)."""
+    micro_batch_size: int = 4
+    """Samples per micro-batch (``train_micro_batch_size_per_gpu``)."""
+    train_batch_size: int | None = None
+    """Optional: the global batch you intend. If given it must equal micro_batch_size ×
+    micro_batches × data_parallel, which DeepSpeed asserts; None derives it."""
+    partition: PartitionMethod | Sequence[int] = "parameters"
+    """``"uniform"`` (layer count), ``"parameters"`` (DeepSpeed's default), ``"profile"``
+    (measure every layer's forward + backward time on the job's device, then the exact
+    min-max balance; see `utils.profiling`), or explicit boundaries ``[0, b1, ..., n_layers]``
+    (stage s runs layers b_s .. b_{s+1}-1); a list is kept as a tuple, so two specs with
+    the same boundaries are equal however they were written."""
+    schedule: JobSchedule = "1f1b"
+    """``"1f1b"``: DeepSpeed's TrainSchedule; ``"gpipe"``: all forwards, then all backwards."""
+    steps: int = 3
+    """Training steps (``train_batch`` calls)."""
+    seed: int = 1234
+    """Seeds the layers (``seed_layers=True``, ``base_seed``) and the data."""
+    lr: float = 3e-3
+    """Adam(W) learning rate."""
+    device: Device = "auto"
+    """``"auto"``: CUDA + NCCL when there is a GPU for every rank, else CPU + gloo; or
+    ``"cpu"`` / ``"cuda"`` (see `utils.system.devices.resolve_device`)."""
+    timeout: float = 300.0
+    """Seconds the whole job may take; a hung job is stopped and reported after this."""
+    name: str = ""
+    """A short label for the run directory and plots."""
+    fault: Fault | None = None
+    """Inject a failure (teaching and tests); None for a normal run."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.partition, str) and isinstance(self.partition, Sequence):
+            object.__setattr__(self, "partition", tuple(self.partition))
+        object.__setattr__(self, "model_options", dict(self.model_options))
+
+    # --- derived -------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.num_stages * self.data_parallel
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.micro_batches * self.data_parallel
+
+    def stage_of_rank(self, rank: int) -> int:
+        """DeepSpeed's stage-major layout: rank = stage × data_parallel + replica."""
+        return rank // self.data_parallel
+
+    @classmethod
+    def for_this_machine(cls, **fields) -> JobSpec:
+        """A spec sized for where it runs, from one code path: with a GPU for each of its
+        num_stages × data_parallel ranks the GPU-sized ``gpt-large`` on CUDA, else the
+        CPU-sized ``gpt`` on CPU. Fields given explicitly always win, and an explicit
+        ``device`` also picks the model that fits it."""
+        from utils.system.devices import resolve_device
+
+        device = resolve_device(fields.get("device", "auto"), ranks=cls(**fields).world_size)
+        defaults = {"model": "gpt-large" if device == "cuda" else "gpt"}
+        return cls(**{**defaults, **fields, "device": device})
+
+    # --- checking ------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise ValueError (TypeError for a value of the wrong type), saying what to change,
+        for anything DeepSpeed would reject, silently ignore or hang on."""
+        for name in ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, float) or validation.count(name, value) != value:
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        n = get_model(self.model, self.model_options).num_layers
+        if self.num_stages > n:
+            raise ValueError(f"num_stages={self.num_stages} but model {self.model!r} has only {n} layers: "
+                             f"every stage needs at least one layer; use num_stages <= {n} or more blocks "
+                             f"(model_options={{'blocks': ...}})")
+        if self.train_batch_size is not None and self.train_batch_size != self.global_batch:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} but micro_batch_size × micro_batches × "
+                f"data_parallel = {self.micro_batch_size} × {self.micro_batches} × {self.data_parallel} = "
+                f"{self.global_batch}; DeepSpeed asserts they are equal. Change micro_batches to "
+                f"{self.train_batch_size / (self.micro_batch_size * self.data_parallel):g} or drop train_batch_size")
+        if isinstance(self.partition, str):
+            if self.partition not in PARTITION_METHODS:
+                raise ValueError(f"unknown partition {self.partition!r}; use one of {PARTITION_METHODS} "
+                                 "or explicit boundaries [0, b1, ..., n_layers]")
+        else:
+            validation.boundaries(self.partition, n_layers=n, num_stages=self.num_stages)
+        if self.schedule not in JOB_SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {JOB_SCHEDULES} "
+                             "(DeepSpeed has no config key for the schedule: it is set on the engine)")
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICES}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
+        if self.fault is not None:
+            self._check_fault()
+
+    def _check_fault(self) -> None:
+        f = self.fault
+        if f.kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {f.kind!r}; choose one of {FAULT_KINDS}")
+        if not 0 <= f.stage < self.num_stages:
+            raise ValueError(f"fault stage {f.stage} is outside 0..{self.num_stages - 1}")
+        if not 0 <= f.step < self.steps:
+            raise ValueError(f"fault step {f.step} is outside 0..{self.steps - 1}")
+        if f.instruction not in INSTRUCTION_KINDS:
+            raise ValueError(f"unknown fault instruction {f.instruction!r}; choose one of {INSTRUCTION_KINDS}")
+
+    # --- persistence --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not isinstance(self.partition, str):
+            data["partition"] = list(self.partition)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown JobSpec field(s) {sorted(unknown)}")
+        data = dict(data)
+        if data.get("fault") is not None:
+            data["fault"] = Fault(**data["fault"])
+        return cls(**data)

@@ -1,0 +1,56 @@
+"""Ending process trees, and asking whether a process is alive.
+
+Shared by the job launcher (torchrun and its ranks), the profiler's worker processes and
+the grader (kernels and whatever a submission started), so it depends on psutil only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+
+import psutil
+
+
+def end_process_tree(root: int | Iterable[psutil.Process], *, grace: float = 3.0,
+                     reap: float | None = None) -> None:
+    """End a process and every process below it, found by parent links (so descendants that
+    run in sessions of their own, which a process-group signal would miss, are ended too).
+
+    `root` is a pid (that process and its descendants are listed now) or processes listed
+    earlier (say a kernel's children, listed before the kernel shut down). Each gets
+    SIGTERM, `grace` seconds to exit, then SIGKILL (at once, without SIGTERM, when `grace`
+    is 0); then this waits up to `reap` seconds (default: `grace`) for the killed ones.
+    """
+    if isinstance(root, int):
+        try:
+            parent = psutil.Process(root)
+            procs = [parent, *parent.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+    else:
+        procs = list(root)
+    alive = procs
+    if grace > 0:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace if reap is None else reap)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists (a process of another user counts)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
