@@ -87,3 +87,53 @@ def test_default_directory_is_runs_dir(tmp_path, monkeypatch):
 def test_every_unsuccessful_final_state_is_skipped(tmp_path, state):
     record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC, state=state)
     assert find_run(SPEC, tmp_path) is None
+
+
+def test_a_spec_with_tuple_boundaries_finds_its_run(tmp_path):
+    # Before, spec.json held a list and the notebook's spec a tuple: never equal, never reused.
+    spec = JobSpec(num_stages=2, partition=(0, 3, 8), name="tuple")
+    path = record(tmp_path, "20260101-100000-tuple-aaaaaa", spec)
+    assert json.loads((path / "spec.json").read_text())["partition"] == [0, 3, 8]
+    assert find_run(spec, tmp_path).path == path
+    assert find_run(JobSpec(num_stages=2, partition=[0, 3, 8], name="tuple"), tmp_path).path == path
+
+
+def _with_rank_records(path, parts=(0, 4, 8)):
+    """The rank files a finished 2-stage job leaves: one event each and a result."""
+    for rank in range(2):
+        event = {"stage": rank, "rank": rank, "step": 0, "kind": "forward", "micro_batch": 0,
+                 "start": 0.1 * rank, "end": 0.1 * rank + 0.05}
+        (path / f"events-rank{rank}.jsonl").write_text(json.dumps(event) + "\n")
+        (path / f"result-rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "stage": rank, "replica": 0, "parts": list(parts), "peak_memory_bytes": 1,
+            "memory_kind": "cpu_max_rss", "device": "cpu"}))
+
+
+@pytest.mark.parametrize("partition_file", [None, "{not json", '["a list"]', '{"partition": 3}'])
+def test_a_missing_or_corrupt_plan_reads_as_unknown(tmp_path, partition_file):
+    # Before, Run.parts and Run.timeline raised TypeError here (None["parts"]).
+    path = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    if partition_file is not None:
+        (path / "plan.json").write_text(partition_file)
+    run = Run.load(path)
+    assert run.parts is None and run.partition_method is None and run.predicted_stage_costs is None
+    assert len(run.timeline.events) == 0 and run.timeline.meta["parts"] is None
+    _with_rank_records(path)
+    run = Run.load(path)  # the ranks' own record of what they ran fills the gap
+    assert run.parts == [0, 4, 8] and run.timeline.meta["parts"] == [0, 4, 8]
+    assert len(run.timeline.events) == 2
+
+
+def test_partition_history(tmp_path):
+    from utils.jobs.rundir import PartitionChange, RunDir
+
+    path = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    run_dir = RunDir(path)
+    run_dir.write_plan({"device": "cpu", "partition": {"parts": [0, 4, 8], "method": "parameters",
+                                                       "predicted_stage_costs": None}})
+    run_dir.record_partition_change(PartitionChange(step=2, boundaries=(0, 5, 8), reason="forced"))
+    run = Run.load(path)
+    assert [(c.step, c.boundaries) for c in run.partitions] == [(0, (0, 4, 8)), (2, (0, 5, 8))]
+    assert run.parts == [0, 4, 8]  # what it started with
+    assert [run.parts_at(s) for s in range(4)] == [[0, 4, 8], [0, 4, 8], [0, 5, 8], [0, 5, 8]]
+    assert run.timeline.meta["partitions"] == [(0, [0, 4, 8]), (2, [0, 5, 8])]

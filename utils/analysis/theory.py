@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from utils import validation
+
 __all__ = [
     "bubble_ratio_1f1b",
     "bubble_ratio_gpipe",
@@ -34,21 +36,6 @@ __all__ = [
     "makespan_estimate",
     "bubble_ratio_estimate",
 ]
-
-
-def _check_count(name: str, value: object, meaning: str) -> int:
-    """Accept a positive integer count, or raise an error that says what the count means."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} ({meaning}) must be an integer, got {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # integral floats such as 8.0 come out of numpy sweeps
-    elif not isinstance(value, int) and hasattr(value, "__index__"):
-        value = value.__index__()  # numpy integers
-    if not isinstance(value, int):
-        raise TypeError(f"{name} ({meaning}) must be an integer, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} ({meaning}) must be at least 1, got {value}")
-    return value
 
 
 def _check_costs(name: str, costs: Sequence[float]) -> list[float]:
@@ -68,8 +55,8 @@ def bubble_ratio_1f1b(p: int, m: int) -> float:
     busy for ``m`` slots of a ``m + p - 1`` slot makespan: ``p - 1`` slots go to filling
     and draining the pipeline. Comparable with `Metrics.bubble_ratio`.
     """
-    p = _check_count("p", p, "number of pipeline stages")
-    m = _check_count("m", m, "number of micro-batches")
+    p = validation.count("p", p, meaning="number of pipeline stages")
+    m = validation.count("m", m, meaning="number of micro-batches")
     return (p - 1) / (m + p - 1)
 
 
@@ -85,8 +72,8 @@ def bubble_ratio_gpipe(p: int, m: int) -> float:
 
 def bubble_overhead(p: int, m: int) -> float:
     """Bubble time over ideal compute time for GPipe/1F1B: ``(p-1)/m`` (Megatron's measure)."""
-    p = _check_count("p", p, "number of pipeline stages")
-    m = _check_count("m", m, "number of micro-batches")
+    p = validation.count("p", p, meaning="number of pipeline stages")
+    m = validation.count("m", m, meaning="number of micro-batches")
     return (p - 1) / m
 
 
@@ -98,9 +85,9 @@ def bubble_overhead_interleaved(p: int, m: int, v: int) -> float:
     ``v`` times more point-to-point messages. Megatron's implementation additionally
     requires ``m`` to be a multiple of ``p``; the formula does not check that.
     """
-    p = _check_count("p", p, "number of pipeline stages (devices)")
-    m = _check_count("m", m, "number of micro-batches")
-    v = _check_count("v", v, "model chunks per device")
+    p = validation.count("p", p, meaning="number of pipeline stages (devices)")
+    m = validation.count("m", m, meaning="number of micro-batches")
+    v = validation.count("v", v, meaning="model chunks per device")
     return (p - 1) / (v * m)
 
 
@@ -111,9 +98,9 @@ def bubble_ratio_interleaved(p: int, m: int, v: int) -> float:
     makespan, so it can be compared with a measured `Metrics.bubble_ratio`. With ``v = 1``
     it equals `bubble_ratio_1f1b`.
     """
-    p = _check_count("p", p, "number of pipeline stages (devices)")
-    m = _check_count("m", m, "number of micro-batches")
-    v = _check_count("v", v, "model chunks per device")
+    p = validation.count("p", p, meaning="number of pipeline stages (devices)")
+    m = validation.count("m", m, meaning="number of micro-batches")
+    v = validation.count("v", v, meaning="model chunks per device")
     return (p - 1) / (v * m + p - 1)
 
 
@@ -131,8 +118,8 @@ def makespan_uniform(p: int, m: int, t: float) -> float:
     `t` is one stage's forward plus backward time for one micro-batch. Exact for GPipe and
     1F1B when communication is free.
     """
-    p = _check_count("p", p, "number of pipeline stages")
-    m = _check_count("m", m, "number of micro-batches")
+    p = validation.count("p", p, meaning="number of pipeline stages")
+    m = validation.count("m", m, meaning="number of micro-batches")
     if t < 0:
         raise ValueError(f"t (forward+backward time per micro-batch) must be >= 0, got {t}")
     return (m + p - 1) * t
@@ -150,7 +137,7 @@ def makespan_gpipe(forward: Sequence[float], backward: Sequence[float], m: int) 
     b = _check_costs("backward", backward)
     if len(f) != len(b):
         raise ValueError(f"forward and backward need one cost per stage: {len(f)} vs {len(b)}")
-    m = _check_count("m", m, "number of micro-batches")
+    m = validation.count("m", m, meaning="number of micro-batches")
     return sum(f) + sum(b) + (m - 1) * (max(f) + max(b))
 
 
@@ -169,7 +156,7 @@ def makespan_estimate(stage_costs: Sequence[float], m: int) -> float:
     Communication time is ignored; add it to the stage costs if it is not overlapped.
     """
     t = _check_costs("stage_costs", stage_costs)
-    m = _check_count("m", m, "number of micro-batches")
+    m = validation.count("m", m, meaning="number of micro-batches")
     return (m - 1) * max(t) + sum(t)
 
 

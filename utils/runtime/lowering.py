@@ -218,8 +218,3 @@ def install_schedule(engine, name: str) -> None:
 
     table[classes["forward"]], table[classes["backward"]] = forward_keeping_loss, backward_with_its_loss
     engine._INSTRUCTION_MAP = table
-
-
-def use_gpipe(engine) -> None:
-    """Kept for `utils.runtime.rank` until it calls ``install_schedule(engine, "gpipe")``."""
-    install_schedule(engine, "gpipe")
