@@ -97,26 +97,19 @@ def run_sampled(spec, directory: Path):
     import psutil
 
     from utils import start_job
-    from utils.jobs.runs import read_jsonl
 
     job = start_job(spec, directory=directory)
     procs: dict[int, psutil.Process] = {}
     marks: dict[int, dict[int, float]] = {}  # rank -> steps done -> CPU seconds when first seen
     while job.poll() == "running":
-        try:
-            for child in psutil.Process(job.process.pid).children():
-                if child.pid not in {p.pid for p in procs.values()}:
-                    rank = child.environ().get("RANK")
-                    if rank is not None:
-                        procs[int(rank)] = child
-        except (psutil.Error, ValueError):
-            pass
+        for rank, child in job.launcher.workers().items():
+            procs.setdefault(rank, child)
         for rank, proc in procs.items():
             try:
                 times = proc.cpu_times()
             except psutil.Error:
                 continue
-            done = len(read_jsonl(job.path / f"progress-rank{rank}.jsonl"))
+            done = len(job.run_dir.progress(rank))
             marks.setdefault(rank, {}).setdefault(done, times.user + times.system)
         time.sleep(0.05)
     cpu_per_step = {}
@@ -185,7 +178,7 @@ def ideal_ratio(profile, stages: int, micro_batches: int) -> float:
 def run_rounds(args, base: dict, directory: Path) -> list[dict]:
     """All rounds of one (stages, micro-batches) configuration; prints as it goes."""
     from utils import JobSpec
-    from utils.profiling.profile import profile_for_job
+    from utils.jobs.plan import profile_for_job
 
     stages, micro_batches = base["num_stages"], base["micro_batches"]
     rows: list[dict] = []

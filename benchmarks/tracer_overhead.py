@@ -41,7 +41,7 @@ def worker(args) -> None:
     if device == "cpu":
         prepare_cpu_rank()  # as every rank of a real job
     model = get_model(spec.model, spec.model_options)
-    engine = build_engine(spec, model, spec.boundaries())
+    engine = build_engine(spec, model, json.loads(args.boundaries), device)
     tracer = InstructionTracer(engine, stage=engine.stage_id, rank=int(os.environ["RANK"]),
                                clock=CudaClock() if device == "cuda" else HostClock())
     data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size)
@@ -72,15 +72,16 @@ def main() -> None:
     parser.add_argument("--model", default="gpt", help="gpt (CPU size) or gpt-large (GPU size)")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--out", default="")
+    parser.add_argument("--boundaries", default="", help="set by the parent from the job's plan")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from utils.jobs.launch import _environment
+    from utils.jobs.launchers import LocalTorchrun
+    from utils.jobs.plan import plan_job
 
-    spec = job_spec(args)
-    spec.check()
-    device = spec.resolved_device()
-    env, _ = _environment(spec, device)  # the environment utils.launch gives a real job's ranks
+    plan = plan_job(job_spec(args))  # checks the spec and the device before anything starts
+    device = plan.device
+    env = LocalTorchrun().environment(plan)  # the environment a real job's ranks get
     folder = Path(tempfile.mkdtemp(prefix="tracer-overhead-"))
     out, log = folder / "times.json", folder / "ranks.log"
     with open(log, "wb") as sink:
@@ -88,7 +89,7 @@ def main() -> None:
                                f"--nproc-per-node={args.stages}", __file__, "--worker",
                                f"--stages={args.stages}", f"--micro-batches={args.micro_batches}",
                                f"--steps={args.steps}", f"--device={device}", f"--model={args.model}",
-                               f"--out={out}"], env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+                               f"--out={out}", f"--boundaries={json.dumps(list(plan.boundaries))}"], env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         sys.exit(f"the job failed (exit code {done.returncode}); the end of {log}:\n"
                  + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))

@@ -40,7 +40,8 @@ _API: dict[str, tuple[str, ...]] = {
     "utils.jobs.confirm": ("confirm_top",),
     # 6. See it: plotly figures and notebook widgets.
     "utils.ui.plots": ("plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory"),
-    "utils.ui.widgets": ("RunPanel", "TimelineExplorer"),
+    "utils.ui.widgets": ("RunPanel",),
+    "utils.ui.explorer": ("TimelineExplorer",),
 }
 
 _MODULE_OF = {name: module for module, names in _API.items() for name in names}

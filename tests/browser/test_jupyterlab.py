@@ -74,7 +74,7 @@ def _notebook() -> nbformat.NotebookNode:
         nbformat.v4.new_markdown_cell("# Browser check: a timeline figure and the run panel"),
         nbformat.v4.new_code_cell(
             "import utils\n"
-            "from utils.ui.widgets import RunPanel, TimelineExplorer\n\n"
+            "from utils import RunPanel, TimelineExplorer\n\n"
             "simulated = utils.simulate(utils.build_schedule('1f1b', 4, 8), forward=1e-3, backward=2e-3)\n"
             "utils.plot_timeline(simulated)"),
         nbformat.v4.new_code_cell(

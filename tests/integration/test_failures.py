@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import SMALL_GPT, processes_of
 from utils import Fault, JobFailed, JobSpec, Run, run_job, start_job
-from utils.jobs.runs import read_json
+from utils.system.fileio import read_json
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ def test_job_succeeds_and_records_everything(four_stage):
     assert run.ok and len(run.losses) == 3 and len(run.step_times) == 3
     assert run.parts[0] == 0 and run.parts[-1] == 8 and len(run.parts) == 5
     assert sorted(run.peak_memory) == [0, 1, 2, 3] and all(v > 0 for v in run.peak_memory.values())
-    assert "torchrun --standalone --nproc-per-node=4 -m utils.job" in run.command
+    assert "torchrun --standalone --nproc-per-node=4 -m utils.runtime.rank" in run.command
     assert run.timeline.steps == [0, 1, 2]
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from tests.helpers import SMALL_GPT
 from utils import JobSpec, partition_layers, run_job, stage_costs
-from utils.profiling.profile import profile_for_job, profile_layers
+from utils.jobs.plan import profile_for_job
+from utils.profiling.profile import profile_layers
 
 pytestmark = pytest.mark.integration
 

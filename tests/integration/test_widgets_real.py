@@ -8,7 +8,8 @@ import pytest
 
 from tests.helpers import SMALL_GPT, processes_of
 from utils import JobSpec
-from utils.ui.widgets import PLOTLY_MIME, RunPanel
+from utils.ui.display import PLOTLY_MIME
+from utils.ui.widgets import RunPanel
 
 pytestmark = pytest.mark.integration
 

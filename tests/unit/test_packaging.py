@@ -4,9 +4,14 @@ committed without outputs; `import utils` starts nothing heavy."""
 import json
 import re
 import subprocess
+import ast
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, which pyproject.toml declares: tomli is the same parser
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +31,30 @@ def test_environment_yml_has_the_same_pins_as_pyproject():
     yml_lines = (ROOT / "environment.yml").read_text().splitlines()
     pip_section = [line for line in yml_lines if line.startswith("      - ")]
     assert _pins(pip_section) == declared
+
+
+#: Standard-library modules newer than the oldest Python pyproject.toml admits (3.10).
+NEWER_STDLIB = {"tomllib": "3.11", "wsgiref.types": "3.12"}
+
+
+def test_code_runs_on_the_oldest_declared_python():
+    # Before, this very file imported tomllib unguarded although Python 3.10 is declared.
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"].startswith(">=3.10")
+    offenders = []
+    for path in [*ROOT.glob("utils/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+                   if any(isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                          for h in t.handlers)
+                   for n in ast.walk(t)}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name in NEWER_STDLIB and id(node) not in guarded:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name} "
+                                     f"(Python {NEWER_STDLIB[name]}+) without a fallback")
+    assert not offenders, offenders
 
 
 def test_committed_notebooks_have_no_outputs():

@@ -13,6 +13,8 @@ import pytest
 
 import utils
 import utils.ui.widgets as W
+from utils.ui.display import PLOTLY_MIME
+from utils.ui.explorer import TimelineExplorer
 from utils.jobs.launch import JobFailed
 from utils.jobs.spec import JobSpec
 from utils.timeline import Timeline
@@ -166,7 +168,7 @@ def test_run_shows_progress_result_and_history(monkeypatch):
     assert "succeeded" in panel.status.value
     assert panel.history == [run] and panel.history_select.options[0][1] == 0
     assert panel.figure is not None and panel.explorer.bar_count() > 0
-    assert W.PLOTLY_MIME in panel.explorer.output.outputs[0]["data"]
+    assert PLOTLY_MIME in panel.explorer.output.outputs[0]["data"]
     assert "bubble_ratio" in panel.metrics.value and "diagnosis" in panel.diagnosis.value
     assert not panel.run_button.disabled and panel.stop_button.disabled
 
@@ -234,7 +236,7 @@ def test_history_show_and_compare():
     assert [v for _, v in panel.history_select.options] == [0, 1]
     assert (panel.compare_a.value, panel.compare_b.value) == (0, 1)
     panel.compare_button.click()
-    data = panel.compare_output.outputs[0]["data"][W.PLOTLY_MIME]
+    data = panel.compare_output.outputs[0]["data"][PLOTLY_MIME]
     assert len(data["data"]) > 0 and "#1 vs #2" in data["layout"]["title"]["text"]
     panel.history_select.value = 1
     panel.show_button.click()
@@ -249,7 +251,7 @@ def test_compare_with_empty_history_says_so():
 
 # --- timeline explorer -------------------------------------------------------------------------
 def test_explorer_slider_and_filter_change_the_figure():
-    ex = W.TimelineExplorer(two_step_timeline())
+    ex = TimelineExplorer(two_step_timeline())
     assert ex.step == 1 and not ex.step_slider.disabled  # step 0 is warm-up: not the default
     assert ex.bar_count() == 4 * 4 * 2
     ex.step_slider.value = 0
@@ -263,18 +265,18 @@ def test_explorer_slider_and_filter_change_the_figure():
     with pytest.raises(ValueError, match="not in this timeline"):
         ex.kinds = ["send_act"]
     bundle = ex.output.outputs[0]["data"]
-    assert bundle[W.PLOTLY_MIME]["layout"]["title"]["text"] == ex.figure.layout.title.text
+    assert bundle[PLOTLY_MIME]["layout"]["title"]["text"] == ex.figure.layout.title.text
     assert "bubble" in ex.summary.value
 
 
 def test_explorer_on_a_one_step_simulation():
-    ex = W.TimelineExplorer(utils.simulate(utils.build_schedule("1f1b", 4, 8), forward=1, backward=2))
+    ex = TimelineExplorer(utils.simulate(utils.build_schedule("1f1b", 4, 8), forward=1, backward=2))
     assert ex.step_slider.disabled and ex.step == 0 and ex.bar_count() == 64
     assert "simulated" in ex.figure.layout.title.text
     assert set(ex.kind_boxes) == {"forward", "backward"}
 
 
 def test_bare_objects_display_their_widget():
-    ex = W.TimelineExplorer(two_step_timeline())
+    ex = TimelineExplorer(two_step_timeline())
     assert "application/vnd.jupyter.widget-view+json" in ex._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in W.RunPanel()._repr_mimebundle_()

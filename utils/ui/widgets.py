@@ -4,8 +4,7 @@
   schedule, steps), a Run and a Stop button, live progress, then the run's timeline,
   metrics and diagnosis; a history of the runs of this panel and a side-by-side comparison
   of two of them. A bare ``utils.RunPanel()`` as the last line of a cell displays it.
-* `TimelineExplorer(timeline)` — a step slider and a filter of instruction kinds that redraw
-  a timeline figure; measured and simulated timelines alike.
+* `TimelineExplorer` (`utils.ui.explorer`) shows each run's timeline inside the panel.
 
 Two choices keep the notebook responsive and the pictures reliable:
 
@@ -14,19 +13,14 @@ Two choices keep the notebook responsive and the pictures reliable:
    finished, so the learner can keep working while the job runs. Stop only sets an event:
    the same thread stops the job, so `RunningJob` (not thread-safe) is only ever driven from
    one thread.
-2. **Figures are plotly's own MIME bundle in an `ipywidgets.Output`.** plotly 7's
-   ``go.FigureWidget`` is built on ``anywidget``, which the workbook does not depend on.
-   Instead the figure's JSON is written as ``application/vnd.plotly.v1+json`` straight into
-   the Output widget's ``outputs`` (rendered by the ``jupyterlab-plotly`` extension shipped
-   inside the plotly package). Writing ``outputs`` is safe from a background thread — the
-   ``with out:`` capture is not — and does not depend on ``plotly.io.renderers.default``.
+2. **Figures are plotly's own MIME bundle in an `ipywidgets.Output`** (`utils.ui.display`):
+   reliable from the watcher thread, without plotly's anywidget-based FigureWidget.
 """
 
 from __future__ import annotations
 
 import atexit
 import html
-import json
 import threading
 import time
 import weakref
@@ -39,16 +33,15 @@ import plotly.graph_objects as go
 
 from utils.jobs.launch import JobFailed, RunningJob, start_job
 from utils.workloads.models import PRESETS, get_model
-from utils.ui.plots import compare_timelines, default_step, plot_timeline
+from utils.ui.display import Displayable, error_html, figure_output
+from utils.ui.explorer import TimelineExplorer
+from utils.ui.plots import compare_timelines
 from utils.jobs.runs import Run
 from utils.jobs.plan import plan_boundaries
 from utils.jobs.spec import JOB_SCHEDULES, PARTITION_METHODS, JobSpec
-from utils.timeline import KINDS, Timeline
 
-__all__ = ["RunPanel", "TimelineExplorer", "figure_output", "parse_boundaries", "parse_options",
-           "PLOTLY_MIME"]
+__all__ = ["RunPanel", "parse_boundaries", "parse_options"]
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 #: The partition choice that reads explicit boundaries from the text box.
 BOUNDARIES = "boundaries"
 #: The partition method that profiles the layers before the job starts (slow: never run on
@@ -107,132 +100,7 @@ def _boundaries_without_profiling(spec: JobSpec) -> list[int]:
     return plan_boundaries(spec, get_model(spec.model, spec.model_options), profile=None)
 
 
-def figure_bundle(fig: go.Figure) -> dict:
-    """The MIME bundle JupyterLab renders as an interactive plotly chart."""
-    data = json.loads(fig.to_json())
-    data["config"] = {"displaylogo": False, "responsive": True}
-    title = fig.layout.title.text or "plotly figure"
-    return {PLOTLY_MIME: data, "text/plain": f"<plotly figure: {title}>"}
-
-
-def figure_output(fig: go.Figure, out: widgets.Output | None = None) -> widgets.Output:
-    """Show `fig` in an Output widget (a new one unless `out` is given), replacing its content.
-    Safe to call from any thread."""
-    out = out if out is not None else widgets.Output()
-    out.outputs = ({"output_type": "display_data", "data": figure_bundle(fig), "metadata": {}},)
-    return out
-
-
-def _pre(text: str, colour: str = "#b00020") -> str:
-    return (f"<pre style='white-space:pre-wrap;color:{colour};margin:4px 0;font-size:12px;"
-            f"line-height:1.35'>{html.escape(text)}</pre>")
-
-
-class _Displayable:
-    """A bare object as the last line of a cell shows its root widget."""
-
-    widget: widgets.Widget
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
-
-
-# --- timeline explorer ------------------------------------------------------------------------
-class TimelineExplorer(_Displayable):
-    """A timeline figure with a step slider and a kind filter.
-
-    ``TimelineExplorer(run.timeline)`` or ``TimelineExplorer(utils.simulate(...))``. Moving
-    the slider or ticking a kind redraws the figure (`figure` is the one shown). Step 0 is
-    available but not the default: it carries one-off warm-up costs (see `default_step`).
-    Next to the slider: the step's bubble ratio, makespan and (``diagnosis=True``) diagnosis.
-    """
-
-    def __init__(self, timeline: Timeline, *, step: int | None = None,
-                 kinds: Iterable[str] | None = None, title: str | None = None,
-                 diagnosis: bool = True):
-        self.timeline = timeline
-        self.title = title
-        self.show_diagnosis = diagnosis
-        steps = timeline.steps
-        if not steps:
-            raise ValueError("the timeline has no events: nothing to explore")
-        present = [k for k in KINDS if any(e.kind == k for e in timeline.events)]
-        chosen = set(present if kinds is None else kinds)
-        self.step_slider = widgets.SelectionSlider(
-            options=[(str(s), s) for s in steps], value=default_step(timeline) if step is None else step,
-            description="step", disabled=len(steps) == 1, continuous_update=False, style=_STYLE,
-            layout={"width": "420px"})
-        self.kind_boxes: dict[str, widgets.Checkbox] = {
-            k: widgets.Checkbox(value=k in chosen, description=k, indent=False,
-                                layout={"width": "auto", "margin": "0 12px 0 0"})
-            for k in present}
-        self.summary = widgets.HTML()
-        self.output = widgets.Output(layout={"min_height": "260px"})
-        self.figure: go.Figure | None = None
-        self.step_slider.observe(self._on_change, names="value")
-        for box in self.kind_boxes.values():
-            box.observe(self._on_change, names="value")
-        kinds_row = widgets.HBox([widgets.HTML("<b>kinds</b>&nbsp;"), *self.kind_boxes.values()],
-                                 layout={"flex_flow": "row wrap", "align_items": "center"})
-        self.widget = widgets.VBox([widgets.HBox([self.step_slider, self.summary],
-                                                 layout={"align_items": "center"}),
-                                    kinds_row, self.output])
-        self.redraw()
-
-    @property
-    def step(self) -> int:
-        return self.step_slider.value
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.step_slider.value = value  # redraws through the observer
-
-    @property
-    def kinds(self) -> list[str]:
-        """The kinds ticked, in the order plots list them."""
-        return [k for k, box in self.kind_boxes.items() if box.value]
-
-    @kinds.setter
-    def kinds(self, wanted: Iterable[str]) -> None:
-        wanted = set(wanted)
-        unknown = wanted - set(self.kind_boxes)
-        if unknown:
-            raise ValueError(f"kinds {sorted(unknown)} are not in this timeline; it has {list(self.kind_boxes)}")
-        self._hold = True  # one redraw for all boxes, not one per box
-        try:
-            for k, box in self.kind_boxes.items():
-                box.value = k in wanted
-        finally:
-            self._hold = False
-        self.redraw()
-
-    _hold = False
-
-    def _on_change(self, _change=None) -> None:
-        if not self._hold:
-            self.redraw()
-
-    def redraw(self) -> go.Figure:
-        """Draw the selected step with the ticked kinds; returns the figure."""
-        step = self.step
-        self.figure = plot_timeline(self.timeline, step, kinds=self.kinds, title=self.title)
-        figure_output(self.figure, self.output)
-        try:
-            m = self.timeline.metrics(step)
-            why = f" · <i>{html.escape(m.diagnosis)}</i>" if self.show_diagnosis else ""
-            self.summary.value = (f"&nbsp;&nbsp;step {step}: bubble {m.bubble_ratio:.1%} · makespan "
-                                  f"{m.makespan * 1e3:.1f} ms{why}")
-        except ValueError as exc:  # e.g. a step without compute
-            self.summary.value = f"&nbsp;&nbsp;<i>{html.escape(str(exc))}</i>"
-        return self.figure
-
-    def bar_count(self) -> int:
-        """Bars (events) drawn in the current figure: handy in tests and exercises."""
-        return sum(len(t.x) for t in (self.figure.data if self.figure else ()) if t.type == "bar")
-
-
-# --- run panel --------------------------------------------------------------------------------
-class RunPanel(_Displayable):
+class RunPanel(Displayable):
     """Launch real DeepSpeed pipeline jobs from controls and look at the results.
 
     ``RunPanel()`` starts from `JobSpec`'s defaults; ``RunPanel(JobSpec(...))`` from that spec
@@ -405,7 +273,7 @@ class RunPanel(_Displayable):
         try:
             self.run()
         except RuntimeError as exc:
-            self.message.value = _pre(str(exc))
+            self.message.value = error_html(str(exc))
 
     def run(self, *, wait: bool = False, timeout: float | None = None) -> Run | None:
         """Start a job from the controls; a background thread starts and watches it (choosing
@@ -476,7 +344,7 @@ class RunPanel(_Displayable):
             self.job = job
             _LIVE_JOBS.add(job)
             if job.notes:
-                self.message.value = _pre("note: " + "\n".join(job.notes), "#8a6d00")
+                self.message.value = error_html("note: " + "\n".join(job.notes), "#8a6d00")
             seen = -1
             while True:
                 if self._stop_requested.is_set():
@@ -523,7 +391,7 @@ class RunPanel(_Displayable):
             self.status.value = f"<b>{html.escape(job.state)}</b>{done}"
             self.state, self.error = job.state, str(exc)
             colour = "#8a6d00" if job.state == "stopped" else "#b00020"
-            self.message.value = _pre(str(exc), colour)
+            self.message.value = error_html(str(exc), colour)
             return
         self.run_result = run
         self.history.append(run)
@@ -536,7 +404,7 @@ class RunPanel(_Displayable):
 
     def _set_error(self, state: str, text: str) -> None:
         self.state, self.error = state, text
-        self.message.value = _pre(text)
+        self.message.value = error_html(text)
         self.status.value = f"<b>{html.escape(state)}</b>"
         self.progress.bar_style = _BAR_STYLE.get(state, "danger")
 
@@ -590,7 +458,7 @@ class RunPanel(_Displayable):
             self.compare(self.compare_a.value, self.compare_b.value)
         except (ValueError, IndexError, TypeError) as exc:
             self.compare_output.outputs = ()
-            self.message.value = _pre(f"cannot compare: {exc}")
+            self.message.value = error_html(f"cannot compare: {exc}")
 
     def compare(self, a: int | Run, b: int | Run) -> go.Figure:
         """Both runs' timelines on one time axis (`utils.compare_timelines`), shown below."""

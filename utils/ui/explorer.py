@@ -1,0 +1,111 @@
+"""`TimelineExplorer`: a timeline figure with a step slider and a filter of instruction kinds."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from utils.ui.display import Displayable, figure_output
+from utils.ui.plots import default_step, plot_timeline
+from utils.timeline import KINDS, Timeline
+
+_STYLE = {"description_width": "initial"}
+
+
+class TimelineExplorer(Displayable):
+    """A timeline figure with a step slider and a kind filter.
+
+    ``TimelineExplorer(run.timeline)`` or ``TimelineExplorer(utils.simulate(...))``. Moving
+    the slider or ticking a kind redraws the figure (`figure` is the one shown). Step 0 is
+    available but not the default: it carries one-off warm-up costs (see `default_step`).
+    Next to the slider: the step's bubble ratio, makespan and (``diagnosis=True``) diagnosis.
+    """
+
+    def __init__(self, timeline: Timeline, *, step: int | None = None,
+                 kinds: Iterable[str] | None = None, title: str | None = None,
+                 diagnosis: bool = True):
+        self.timeline = timeline
+        self.title = title
+        self.show_diagnosis = diagnosis
+        steps = timeline.steps
+        if not steps:
+            raise ValueError("the timeline has no events: nothing to explore")
+        present = [k for k in KINDS if any(e.kind == k for e in timeline.events)]
+        chosen = set(present if kinds is None else kinds)
+        self.step_slider = widgets.SelectionSlider(
+            options=[(str(s), s) for s in steps], value=default_step(timeline) if step is None else step,
+            description="step", disabled=len(steps) == 1, continuous_update=False, style=_STYLE,
+            layout={"width": "420px"})
+        self.kind_boxes: dict[str, widgets.Checkbox] = {
+            k: widgets.Checkbox(value=k in chosen, description=k, indent=False,
+                                layout={"width": "auto", "margin": "0 12px 0 0"})
+            for k in present}
+        self.summary = widgets.HTML()
+        self.output = widgets.Output(layout={"min_height": "260px"})
+        self.figure: go.Figure | None = None
+        self.step_slider.observe(self._on_change, names="value")
+        for box in self.kind_boxes.values():
+            box.observe(self._on_change, names="value")
+        kinds_row = widgets.HBox([widgets.HTML("<b>kinds</b>&nbsp;"), *self.kind_boxes.values()],
+                                 layout={"flex_flow": "row wrap", "align_items": "center"})
+        self.widget = widgets.VBox([widgets.HBox([self.step_slider, self.summary],
+                                                 layout={"align_items": "center"}),
+                                    kinds_row, self.output])
+        self.redraw()
+
+    @property
+    def step(self) -> int:
+        return self.step_slider.value
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.step_slider.value = value  # redraws through the observer
+
+    @property
+    def kinds(self) -> list[str]:
+        """The kinds ticked, in the order plots list them."""
+        return [k for k, box in self.kind_boxes.items() if box.value]
+
+    @kinds.setter
+    def kinds(self, wanted: Iterable[str]) -> None:
+        wanted = set(wanted)
+        unknown = wanted - set(self.kind_boxes)
+        if unknown:
+            raise ValueError(f"kinds {sorted(unknown)} are not in this timeline; it has {list(self.kind_boxes)}")
+        self._hold = True  # one redraw for all boxes, not one per box
+        try:
+            for k, box in self.kind_boxes.items():
+                box.value = k in wanted
+        finally:
+            self._hold = False
+        self.redraw()
+
+    _hold = False
+
+    def _on_change(self, _change=None) -> None:
+        if not self._hold:
+            self.redraw()
+
+    def redraw(self) -> go.Figure:
+        """Draw the selected step with the ticked kinds; returns the figure."""
+        step = self.step
+        self.figure = plot_timeline(self.timeline, step, kinds=self.kinds, title=self.title)
+        figure_output(self.figure, self.output)
+        try:
+            m = self.timeline.metrics(step)
+            why = f" · <i>{html.escape(m.diagnosis)}</i>" if self.show_diagnosis else ""
+            self.summary.value = (f"&nbsp;&nbsp;step {step}: bubble {m.bubble_ratio:.1%} · makespan "
+                                  f"{m.makespan * 1e3:.1f} ms{why}")
+        except ValueError as exc:  # e.g. a step without compute
+            self.summary.value = f"&nbsp;&nbsp;<i>{html.escape(str(exc))}</i>"
+        return self.figure
+
+    def bar_count(self) -> int:
+        """Bars (events) drawn in the current figure: handy in tests and exercises."""
+        return sum(len(t.x) for t in (self.figure.data if self.figure else ()) if t.type == "bar")
+
+
+# --- run panel --------------------------------------------------------------------------------
