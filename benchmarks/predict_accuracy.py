@@ -4,7 +4,7 @@
 
 For 2 stages of the gpt preset, two partitions, micro-batch counts 2–16 and both schedules
 DeepSpeed runs here (1f1b, gpipe), every configuration is run for real. Per partition, the
-1f1b run with 4 micro-batches calibrates the per-stage costs (`utils.predict`); every other
+1f1b run with 4 micro-batches calibrates the per-stage costs (`utils.predict_from_timeline`); every other
 configuration is predicted from it and compared with its measured step time. The step time
 predicted is the simulated pipeline phase plus the calibration run's per-step remainder
 (optimizer step, gradient reduction), which the simulator does not model.
@@ -26,7 +26,7 @@ from utils.planning.whatif import _time_search  # noqa: E402
 
 PARTITIONS = {"parameters": "parameters", "[0,6,8]": [0, 6, 8]}
 MICRO_BATCHES = (2, 4, 8, 16)
-SCHEDULES = ("1f1b", "gpipe")
+from utils.jobs.spec import JOB_SCHEDULES as SCHEDULES  # noqa: E402 - the schedules a job runs
 
 
 def measured(run) -> tuple[float, float]:

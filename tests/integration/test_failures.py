@@ -29,7 +29,7 @@ def test_a_raising_rank_fails_the_job_within_seconds(runs_root):
     run = caught.value.run
     message = str(caught.value)
     assert "rank 1 (stage 1) raised RuntimeError: injected fault" in message
-    assert "--- end of its traceback ---" in message and "job.py" in message
+    assert "--- end of its traceback ---" in message and "faults.py" in message
     raised_at = read_json(run.path / "error-rank1.json")["time"]
     assert noticed - raised_at < 10
     assert run.state == "failed" and not run.ok

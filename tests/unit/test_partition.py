@@ -1,4 +1,4 @@
-"""Tests of utils.partition: exactness against brute force, equality with DeepSpeed."""
+"""Tests of utils.planning.partitioning: exactness against brute force, equality with DeepSpeed."""
 
 from __future__ import annotations
 

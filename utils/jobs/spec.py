@@ -75,7 +75,7 @@ class JobSpec:
     partition: PartitionMethod | Sequence[int] = "parameters"
     """``"uniform"`` (layer count), ``"parameters"`` (DeepSpeed's default), ``"profile"``
     (measure every layer's forward + backward time on the job's device, then the exact
-    min-max balance; see `utils.profiling`), or explicit boundaries ``[0, b1, ..., n_layers]``
+    min-max balance; see `utils.profiling.profile`), or explicit boundaries ``[0, b1, ..., n_layers]``
     (stage s runs layers b_s .. b_{s+1}-1); a list is kept as a tuple, so two specs with
     the same boundaries are equal however they were written."""
     schedule: JobSchedule = "1f1b"

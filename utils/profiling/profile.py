@@ -11,7 +11,7 @@ but does not implement (it raises NotImplementedError in 0.19.8).
 What is measured, and why it matches a real stage:
 
 - Same conditions as a job rank: the same device, the same micro-batch size and, on CPU,
-  the same torch thread count a rank gets (`rank_threads`, as `utils.launch` sets
+  the same torch thread count a rank gets (`rank_threads`, as the job launcher sets
   ``OMP_NUM_THREADS``) and the same allocator settings (`keep_freed_memory`, which stays
   in effect in this process afterwards). Layers are seeded like
   ``PipelineModule(seed_layers=True)`` and fed a real batch: layer ``i`` gets layer
@@ -45,7 +45,7 @@ measures again.
 
 What a profile still cannot see: DeepSpeed's own per-instruction work (input clone, hooks,
 loss scaling), communication, and a machine whose speed changes between the profile and
-the run (a shared VM's neighbours). `utils.launch` records the prediction next to the
+the run (a shared VM's neighbours). the job plan (`utils.jobs.plan`) records the prediction next to the
 measured run, so the gap can be checked rather than assumed.
 """
 

@@ -1,7 +1,7 @@
 """How a CPU process is set up so that the time a layer takes is steady and the same in a
 profile as in a job rank: its torch thread count and its memory allocator.
 
-Both `utils.job` (every rank of a CPU job) and `utils.profiling` (before measuring layers)
+Both `utils.runtime.rank` (every rank of a CPU job) and `utils.profiling` (before measuring layers)
 apply the same rules, so a profile predicts the ranks it is used for.
 
 Why the allocator: glibc's ``malloc`` serves blocks above a (dynamic) threshold with fresh
@@ -28,7 +28,7 @@ _M_MMAP_MAX = -4
 
 def rank_threads(world_size: int) -> int:
     """torch threads one rank of a CPU job gets: the cores this process may use, shared
-    evenly, at least one (what ``utils.launch`` sets as ``OMP_NUM_THREADS``)."""
+    evenly, at least one (what the launcher sets as ``OMP_NUM_THREADS``)."""
     return max(1, len(os.sched_getaffinity(0)) // world_size)
 
 

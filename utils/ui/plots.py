@@ -276,7 +276,7 @@ def plot_sweep(x: Sequence[float], y: Sequence[float] | Sequence[Sequence[float]
     `y` holds one value per `x`, or a list of repeated measurements per `x` (every repeat
     is drawn). `theory` is a callable of x, or ``(xs, ys)`` arrays. When every `x` is an
     integer the callable is evaluated on the integers between min and max (the formulas in
-    `utils.theory` accept integers only); otherwise on 200 points. `percent` formats the
+    `utils.analysis.theory` accept integers only); otherwise on 200 points. `percent` formats the
     y axis as percentages (for bubble ratios).
     """
     if len(x) != len(y):
