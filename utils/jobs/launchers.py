@@ -49,8 +49,6 @@ class ExitReport:
 class Launcher(ABC):
     """Starts one job's processes and answers for them until they are gone."""
 
-    process: subprocess.Popen | None = None
-
     @abstractmethod
     def command(self, plan: JobPlan, run_dir: RunDir) -> str:
         """The shell command that runs the job by hand (saved as ``command.txt``)."""
@@ -91,7 +89,7 @@ class LocalTorchrun(Launcher):
     """``torchrun --standalone --nproc-per-node=N -m utils.runtime.rank RUN_DIR`` on this machine."""
 
     def __init__(self):
-        self.process = None
+        self.process: subprocess.Popen | None = None
 
     def _args(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         return ["--standalone", f"--nproc-per-node={plan.spec.world_size}", "-m", RANK_PROGRAM,

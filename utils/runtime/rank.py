@@ -41,6 +41,7 @@ class RankState:
     model: Any
     """The resolved `utils.workloads.models.Model`."""
     boundaries: list[int]
+    """The stage boundaries the current engine was built with."""
     engine: Any
     tracer: Any
     data: Any
