@@ -137,3 +137,38 @@ def test_partition_history(tmp_path):
     assert run.parts == [0, 4, 8]  # what it started with
     assert [run.parts_at(s) for s in range(4)] == [[0, 4, 8], [0, 4, 8], [0, 5, 8], [0, 5, 8]]
     assert run.timeline.meta["partitions"] == [(0, [0, 4, 8]), (2, [0, 5, 8])]
+
+
+def test_a_spec_spelling_out_the_preset_defaults_finds_its_run(tmp_path):
+    path = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    spelled_out = JobSpec(num_stages=2, micro_batches=4, steps=3, name="reuse-me",
+                          model_options={"blocks": 6})  # gpt's default: the same job
+    assert find_run(spelled_out, tmp_path).path == path
+    assert find_run(JobSpec(num_stages=2, micro_batches=4, steps=3, name="reuse-me",
+                            model_options={"blocks": 5}), tmp_path) is None
+
+
+def test_a_folder_renamed_by_hand_is_placed_by_its_age(tmp_path):
+    import os
+
+    older = record(tmp_path, "best-run", SPEC)
+    os.utime(older, (1e9, 1e9))  # 2001: older than any launcher-named run
+    newest = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    # Before, "best-run" sorted after every "2026..." name and was taken as the newest.
+    assert find_run(SPEC, tmp_path).path == newest
+
+
+def test_one_bad_record_does_not_break_list_runs(tmp_path):
+    good = record(tmp_path, "20260101-100000-reuse-me-aaaaaa", SPEC)
+    cut = record(tmp_path, "20260101-110000-cut-bbbbbb", '{"model": "gp')
+    other_version = record(tmp_path, "20260101-120000-old-cccccc", {**SPEC.to_dict(), "pipeline": 2})
+    (tmp_path / "20260101-130000-no-spec-dddddd").mkdir()  # not a run directory: no warning
+    with pytest.warns(UserWarning) as warned:
+        runs = runs_module.list_runs(tmp_path)
+    assert [r.path for r in runs] == [good]
+    messages = [str(w.message) for w in warned]
+    assert len(messages) == 2 and str(cut) in messages[0] and str(other_version) in messages[1]
+    with pytest.raises(FileNotFoundError, match="spec.json is not valid JSON"):
+        Run.load(cut)
+    with pytest.raises(ValueError, match=r"cannot be read by this version .*unknown JobSpec field\(s\) \['pipeline'\]"):
+        Run.load(other_version)

@@ -1,5 +1,7 @@
 """JobSpec checks: every mistake is caught before launch with a message saying what to change."""
 
+import json
+
 import pytest
 
 from utils import Fault, JobSpec, get_model
@@ -19,10 +21,16 @@ SMALL = {"model_options": {"blocks": 2}}  # 4 layers: embedding, 2 blocks, head
     ({"num_stages": 2, "partition": [1, 2, 4]}, r"must start at 0"),
     ({"num_stages": 3, "partition": [0, 2, 2, 4]}, r"not strictly increasing: stage 1 would own no layers"),
     # Before, floats passed the check and every rank truncated them: [0, 2.5, 4] ran as [0, 2, 4].
-    ({"num_stages": 2, "partition": [0, 2.5, 4]}, r"boundary \[1\] = 2.5 is not an integer layer index"),
+    ({"num_stages": 2, "partition": [0, 2.5, 4]}, r"partition: boundary \[1\] = 2.5 is not an integer"),
     ({"schedule": "zb-h1"}, r"unknown schedule 'zb-h1'.*DeepSpeed has no config key"),
     ({"device": "tpu"}, r"unknown device"),
-    ({"timeout": 0}, r"timeout must be positive"),
+    ({"timeout": 0}, r"timeout must be a positive, finite number"),
+    # Before: "cannot convert float NaN to integer", after the run directory was created.
+    ({"timeout": float("inf")}, r"timeout must be a positive, finite number .*got inf"),
+    # Before, lr and seed were not checked and every rank failed 12-16 s later.
+    ({"lr": -1}, r"lr must be a positive, finite number \(a learning rate such as 3e-3\)"),
+    ({"seed": -1}, r"seed must be at least 0"),
+    ({"partition": [0, "4", 4]}, r"partition: boundary \[1\] = '4' is not an integer layer index"),
     ({"fault": Fault(stage=3)}, r"fault stage 3 is outside 0..1"),
     ({"fault": Fault(instruction="jump")}, r"unknown fault instruction"),
 ])
@@ -37,6 +45,42 @@ def test_counts_are_integers_not_booleans_or_floats(name, value):
     # Before, True passed as a count (bool is an int to Python) and 2.0 reached DeepSpeed.
     with pytest.raises(TypeError, match=f"{name} must be an integer"):
         JobSpec(**{**SMALL, name: value}).check()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"timeout": None}, r"timeout must be a number \(seconds the whole job may take, such as 600\), got None"),
+    ({"timeout": "60"}, r"timeout must be a number .* got '60'"),
+    ({"lr": "fast"}, r"lr must be a number \(a learning rate such as 3e-3\), got 'fast'"),
+    ({"seed": None}, r"seed must be an integer, got None"),
+    ({"train_batch_size": 16.0}, r"train_batch_size must be an integer"),
+    ({"name": 3}, r"name must be a string"),
+    ({"model": None}, r"model must be a preset name"),
+    ({"fault": "raise"}, r"fault must be a utils.Fault"),
+])
+def test_wrong_types_name_the_field(fields, message):
+    # Before, these gave bare TypeErrors from deep inside ("'<' not supported ...") or none at all.
+    with pytest.raises(TypeError, match=message):
+        JobSpec(**{**SMALL, **fields}).check()
+
+
+def test_numpy_integers_are_integers():
+    np = pytest.importorskip("numpy")
+    spec = JobSpec(num_stages=np.int64(2), micro_batches=np.int32(4), partition=np.array([0, 2, 4]),
+                   seed=np.int64(7), **SMALL)
+    spec.check()  # before: "num_stages must be a positive integer, got 2"
+    assert type(spec.num_stages) is int and spec.partition == (0, 2, 4) and type(spec.partition[1]) is int
+    assert JobSpec.from_dict(json.loads(spec.to_json())) == spec
+
+
+def test_a_bad_spec_starts_nothing(tmp_path):
+    from utils import run_job
+
+    # Before, [0, 2.5, 8] ran as [0, 2, 8] while spec.json recorded 2.5.
+    with pytest.raises(ValueError, match=r"partition: boundary \[1\] = 2.5"):
+        run_job(JobSpec(num_stages=2, partition=[0, 2.5, 8]), directory=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="timeout"):
+        run_job(JobSpec(timeout=float("inf")), directory=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_preset_and_option():

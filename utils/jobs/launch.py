@@ -18,13 +18,18 @@ process left behind:
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from utils.jobs.launchers import Launcher, LocalTorchrun
+import psutil
+
+from utils.jobs.launchers import RANK_PROGRAM, Launcher, LocalTorchrun
 from utils.jobs.plan import JobPlan, plan_job
 from utils.jobs.progress import ProgressLine
 from utils.jobs.rundir import RunDir, RunState, StatusSlot
@@ -35,6 +40,21 @@ POLL_SECONDS = 0.2
 LAUNCHER_GRACE = 10.0
 """Seconds the launcher gets to stop the other ranks and report exit codes after a failure."""
 PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+# Every job this process started and has not seen end: stopped when the process exits (a
+# kernel restart, a script that ends after start_job), so no DeepSpeed process outlives it.
+# Strong references: a job nobody holds any more must still be stopped.
+_LIVE_JOBS: set[RunningJob] = set()
+
+
+@atexit.register
+def _stop_live_jobs() -> None:
+    for job in list(_LIVE_JOBS):
+        try:
+            if job.poll() == "running":  # one that finished unobserved is recorded as such
+                job.stop("the process that started it exited")
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
 
 
 class JobFailed(RuntimeError):
@@ -55,6 +75,7 @@ class RunningJob:
         self.state: RunState = "running"
         self.error: str | None = None
         self._started_ranks: set[int] = set()
+        self._status_unwritten = False
 
     # --- observation ---------------------------------------------------------------------------
     def progress(self) -> list[dict]:
@@ -112,6 +133,8 @@ class RunningJob:
 
     def result(self) -> Run:
         run = Run.load(self.path)
+        if self._status_unwritten:  # the record on disk is stale; this object knows better
+            run.state, run.error = self.state, self.error
         if self.state != "succeeded":
             raise JobFailed(f"job {self.path.name} {self.state}: {self.error}\n"
                             f"(run directory: {self.path})", run)
@@ -120,9 +143,16 @@ class RunningJob:
     # --- ending ----------------------------------------------------------------------------------
     def _finish(self, state: RunState, error: str | None) -> None:
         self.launcher.stop()
+        _LIVE_JOBS.discard(self)
         self.state, self.error = state, error
-        self.run_dir.write_status(state=state, error=error, started=self.started, finished=time.time(),
-                                  command=self.command, notes=self.notes)
+        try:
+            self.run_dir.write_status(state=state, error=error, started=self.started, finished=time.time(),
+                                      command=self.command, notes=self.notes)
+        except OSError as exc:  # the record cannot say it: the error must, and the job failed
+            self._status_unwritten = True
+            self.state = "failed" if state == "succeeded" else state
+            self.error = (f"{error or 'the job itself finished'}\n(the run directory is not writable, so its "
+                          f"record could not be updated: {exc}; its status.json still says 'running')")
 
     def _describe_failure(self, errors: list[dict]) -> str:
         """Name the rank that failed first: the others usually fail *because* of it (their
@@ -130,6 +160,14 @@ class RunningJob:
         causes = [e for e in errors if not _is_peer_failure(e)]
         if causes:
             return _describe_error(min(causes, key=lambda e: e["time"]), errors)
+        if not os.access(self.path, os.W_OK):
+            return (f"the run directory {self.path} is not writable, so the ranks could not record their "
+                    "steps; make it writable (or choose another folder: WORKBOOK_RUNS) and run again")
+        code = self.launcher.returncode()
+        if code is not None and code < 0 and not errors:  # the launcher itself was killed
+            return (f"{self.launcher.name} (the launcher, pid {self.launcher.pid}) was killed by "
+                    f"{signal.Signals(-code).name}; its ranks ended with it. Something outside the job "
+                    "killed it: the out-of-memory killer, a `kill`, a job scheduler")
         report = self.launcher.exit_report(self.run_dir)
         reported = {e["rank"] for e in errors}
         # The launcher stops the surviving ranks with SIGTERM: those are consequences, not causes.
@@ -154,14 +192,53 @@ class RunningJob:
                 f"{RunDir.LAUNCHER_LOG}:\n{_tail(self.run_dir.file(RunDir.LAUNCHER_LOG))}")
 
     def _describe_hang(self) -> str:
-        lines = [f"no progress to the end within timeout={self.spec.timeout:g} s; "
-                 "the instruction each rank was executing when it was stopped:"]
+        slow = self._describe_slow()
+        if slow:
+            return slow
+        now = time.time()
+        workers = self.launcher.workers()
+        lines = [f"no progress within timeout={self.spec.timeout:g} s; what each rank was doing when it "
+                 "was stopped:"]
+        frozen = []
         for rank in range(self.spec.world_size):
             status = StatusSlot.read(self.run_dir.status_slot(rank)) or "not started (still initialising)"
-            lines.append(f"  rank {rank} (stage {self.spec.stage_of_rank(rank)}): {status}")
-        lines.append("A rank blocked in recv_* waits for a neighbour; the rank that is not in a "
-                     "send/recv is usually the one that hangs.")
+            since = _status_age(status, now)
+            done = len(self.run_dir.progress(rank))
+            state = _process_state(workers.get(rank))
+            if state == psutil.STATUS_STOPPED:
+                frozen.append(rank)
+            lines.append(f"  rank {rank} (stage {self.spec.stage_of_rank(rank)}): {status}"
+                         + (f" — for {since:.0f} s" if since is not None else "")
+                         + f", {done} step(s) done" + (f", process {state}" if state else ""))
+        if frozen:
+            lines.append(f"Rank(s) {frozen} are stopped (SIGSTOP, a debugger, or ^Z): they are the stuck ones; "
+                         "the others wait for them inside send/recv.")
+        else:
+            lines.append("A rank blocked in recv_* waits for a neighbour; the rank that is not in a send/recv, or "
+                         "has been in its instruction longest, is usually the one that hangs.")
+        lock = self.launcher.blocking_build_locks()
+        if lock:
+            lines.append(lock)
         return "\n".join(lines)
+
+    def _describe_slow(self) -> str | None:
+        """The timeout hit a job that was still finishing steps: too slow, not hung."""
+        rows = self.progress()
+        if not rows:
+            return None
+        per_step = statistics.median(row["seconds"] for row in rows)
+        try:
+            idle = time.time() - self.run_dir.progress_file(0).stat().st_mtime
+        except OSError:
+            return None
+        if idle > max(3 * per_step, 5.0):
+            return None  # it stopped making progress: a hang
+        left = self.spec.steps - len(rows)
+        need = left * per_step
+        return (f"too slow for timeout={self.spec.timeout:g} s: {len(rows)} of {self.spec.steps} steps done "
+                f"at {per_step:.2f} s/step; the remaining {left} steps need about {need:.0f} s more. The job "
+                f"was still running, not hung: raise timeout to at least "
+                f"{self.spec.timeout + need * 1.5:.0f} s, or run fewer steps")
 
 
 def start_job(spec: JobSpec, *, directory: str | Path | None = None,
@@ -169,6 +246,11 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None,
     """Plan `spec` (`plan_job`), create its run directory and start its processes."""
     plan = plan_job(spec)
     launcher = launcher or LocalTorchrun()
+    others = _other_jobs_running()
+    if others:
+        plan = replace(plan, notes=(*plan.notes, f"another workbook job is running on this machine "
+                                                 f"({', '.join(others)}): both share the cores, so timings "
+                                                 "include each other"))
     run_dir = RunDir.create(spec.name or spec.model, directory)
     run_dir.write_spec(spec.to_dict())
     run_dir.write_plan(plan.to_record())
@@ -176,6 +258,7 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None,
     run_dir.write_command(command)
     launcher.start(plan, run_dir)
     job = RunningJob(plan, run_dir, launcher, command)
+    _LIVE_JOBS.add(job)
     run_dir.write_status(state="running", error=None, started=job.started, finished=None,
                          command=command, notes=job.notes, launcher_pid=os.getpid())
     return job
@@ -216,3 +299,29 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _other_jobs_running() -> list[str]:
+    """Run directories of workbook jobs whose ranks are running on this machine now."""
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if RANK_PROGRAM in cmdline and cmdline[-1] != RANK_PROGRAM:
+            found.add(Path(cmdline[-1]).name)
+    return sorted(found)
+
+
+def _status_age(status: str, now: float) -> float | None:
+    """Seconds since the instruction in a status slot started (it ends with ``t=<time>``)."""
+    _, _, stamp = status.rpartition(" t=")
+    try:
+        return now - float(stamp)
+    except ValueError:
+        return None
+
+
+def _process_state(process: psutil.Process | None) -> str | None:
+    try:
+        return process.status() if process is not None else None
+    except psutil.Error:
+        return None

@@ -4,13 +4,21 @@
 way of starting ranks — DeepSpeed's launcher with a hostfile, torchrun across nodes — is one
 more `Launcher`, not a change to the watcher. Today's launcher is `LocalTorchrun`:
 ``torchrun --standalone`` on this machine.
+
+What a launch hands its ranks besides the run directory is part of the run-directory
+contract (`utils.jobs.rundir`): the launching process's pid and start time (the ranks exit when
+it is gone: torchrun runs in a session of its own and would outlive a killed notebook), a
+launch token (a ``command.txt`` run by hand records a new run instead of appending to this one)
+and ``TMPDIR`` inside the run directory (torchrun's ``torchelastic_*`` folders go with the job).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from utils.jobs.rundir import RunDir
+from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
+from utils.system.extensions import build_locks, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
 from utils.system.procs import end_process_tree
 
@@ -30,7 +39,6 @@ if TYPE_CHECKING:
 
 RANK_PROGRAM = "utils.runtime.rank"
 """The module every rank runs: ``python -m utils.runtime.rank RUN_DIR``."""
-
 
 @dataclass(frozen=True)
 class ExitReport:
@@ -48,6 +56,19 @@ class ExitReport:
 
 class Launcher(ABC):
     """Starts one job's processes and answers for them until they are gone."""
+
+    name = "the launcher"
+    """What error messages call the launcher process."""
+
+    @property
+    def pid(self) -> int | None:
+        """The launcher process's pid, once started."""
+        return None
+
+    def blocking_build_locks(self) -> str | None:
+        """A sentence about build locks the ranks may be waiting for, or None (for the hang
+        report). Launchers that build nothing on this machine have none."""
+        return None
 
     @abstractmethod
     def command(self, plan: JobPlan, run_dir: RunDir) -> str:
@@ -88,8 +109,18 @@ TORCHRUN_ROOT_CAUSE = "Root Cause (first observed failure)"
 class LocalTorchrun(Launcher):
     """``torchrun --standalone --nproc-per-node=N -m utils.runtime.rank RUN_DIR`` on this machine."""
 
+    name = "torchrun"
+
     def __init__(self):
         self.process: subprocess.Popen | None = None
+        self.extensions_dir: Path | None = None
+        """Where the ranks JIT-build DeepSpeed's ops (known once started)."""
+        self._temp: Path | None = None
+        self._seen: dict[int, psutil.Process] = {}
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
 
     def _args(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         return ["--standalone", f"--nproc-per-node={plan.spec.world_size}", "-m", RANK_PROGRAM,
@@ -105,6 +136,9 @@ class LocalTorchrun(Launcher):
         env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
         # The process group must outlive the job's own timeout, so the launcher reports hangs.
         env["DEEPSPEED_TIMEOUT"] = str(int(plan.spec.timeout // 60) + 2)
+        # The ranks exit when this process is gone (a killed notebook, a script that ended).
+        env[LAUNCHER_PID_ENV] = str(os.getpid())
+        env[LAUNCHER_CREATED_ENV] = repr(psutil.Process().create_time())
         if plan.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
             env["OMP_NUM_THREADS"] = str(plan.threads)
@@ -116,13 +150,60 @@ class LocalTorchrun(Launcher):
         return f"cd {shlex.quote(str(PROJECT_ROOT))} && {shown_env} torchrun {shlex.join(self._args(plan, run_dir))}"
 
     def start(self, plan: JobPlan, run_dir: RunDir) -> None:
+        env = self.environment(plan)
+        self.extensions_dir = Path(env["TORCH_EXTENSIONS_DIR"])
+        # torchrun's log folders (torchelastic_*) and the ranks' temporary files live in the
+        # run directory while the job runs, and go with `stop`.
+        self._temp = run_dir.file(RunDir.TEMP)
+        self._temp.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(self._temp)
+        token = secrets.token_hex(16)
+        run_dir.file(RunDir.LAUNCH_TOKEN).write_text(token, encoding="utf-8")
+        env[RUN_TOKEN_ENV] = token
         with open(run_dir.file(RunDir.LAUNCHER_LOG), "ab") as log:
+            # A lock left by a build that was stopped midway makes every rank wait forever.
+            removed = remove_stale_build_locks(self.extensions_dir)
+            if removed:
+                log.write(f"[workbook] removed stale JIT build lock(s) that no live process held "
+                          f"(left by a build that was stopped midway): "
+                          f"{', '.join(map(str, removed))}\n".encode())
+                log.flush()  # before torchrun writes to the same file
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", *self._args(plan, run_dir)],
-                cwd=PROJECT_ROOT, env=self.environment(plan), stdout=log, stderr=subprocess.STDOUT,
+                cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
 
+    def blocking_build_locks(self) -> str | None:
+        """A sentence naming each JIT build lock present now and who holds it, or None.
+
+        For the hang report (call it before `stop`, while the holders still run): ranks that
+        load DeepSpeed's op wait while its lock exists, so a lock still there when a job
+        times out is the likely reason it never started training.
+        """
+        if self.extensions_dir is None:
+            return None
+        locks = build_locks(self.extensions_dir)
+        if not locks:
+            return None
+        ranks = {proc.pid: rank for rank, proc in self.workers().items()}
+        sentences = []
+        for lock in locks:
+            if lock.stale:
+                sentences.append(f"The JIT build lock {lock.path} is held by no live process (a build "
+                                 "stopped midway left it), so ranks loading DeepSpeed's op wait for it "
+                                 "forever; the next job removes it, or delete it by hand.")
+            else:
+                holders = ", ".join(f"pid {pid}" + (f" (rank {ranks[pid]} of this job)" if pid in ranks else "")
+                                    for pid in lock.holders)
+                sentences.append(f"The JIT build lock {lock.path} is held by {holders}: ranks loading "
+                                 "DeepSpeed's op wait until that build ends.")
+        return " ".join(sentences)
+
     def workers(self) -> dict[int, psutil.Process]:
+        found = self._seen = {**self._seen, **self._children()}
+        return {rank: proc for rank, proc in found.items() if proc.is_running()}
+
+    def _children(self) -> dict[int, psutil.Process]:
         found = {}
         try:
             for child in psutil.Process(self.process.pid).children():
@@ -147,7 +228,12 @@ class LocalTorchrun(Launcher):
 
     def stop(self, grace: float = 3.0) -> None:
         end_process_tree(self.process.pid, grace=grace)
+        # Ranks seen earlier whose torchrun is already gone (killed) are no longer its
+        # children: end them by the handles kept (psutil checks they are the same processes).
+        end_process_tree([p for p in self._seen.values() if p.is_running()], grace=grace)
         self.wait(grace)
+        if self._temp is not None:  # nothing runs that could still write there
+            shutil.rmtree(self._temp, ignore_errors=True)
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
         log = run_dir.file(RunDir.LAUNCHER_LOG).read_text(errors="replace") \

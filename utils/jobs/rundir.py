@@ -12,6 +12,11 @@ One class owns every file name, so no other module spells one out. Layout of
 - ``command.txt``               the command that runs the job by hand
 - ``status.json``               state, error, start and end, launcher pid, notes
 - ``launcher.log``              what the launcher (torchrun) printed
+- ``launch-token``              the token of the launch that owns this directory: ranks record
+                                here only when they carry the same token (``command.txt`` run by
+                                hand records into a new ``<name>-rerun-<id>`` sibling instead)
+- ``tmp/``                      the job's TMPDIR while it runs (torchrun's ``torchelastic_*``
+                                folders), removed when the launcher stops
 - per rank ``r``: ``rank{r}.log`` (everything it printed), ``status-rank{r}`` (the
   instruction it executes now), ``events-rank{r}.jsonl`` (traced instructions),
   ``progress-rank{r}.jsonl`` (step, loss, seconds), ``result-rank{r}.json`` on success,
@@ -40,6 +45,14 @@ from utils.system.paths import PROJECT_ROOT
 RunState = Literal["running", "succeeded", "failed", "timeout", "stopped", "incomplete"]
 STATUS_BYTES = 128
 
+# The rest of the launcher-rank contract: what a launch hands every rank in its environment.
+LAUNCHER_PID_ENV = "WORKBOOK_LAUNCHER_PID"
+"""Pid of the process that launched the job (the notebook); ranks exit when it is gone."""
+LAUNCHER_CREATED_ENV = "WORKBOOK_LAUNCHER_CREATED"
+"""Its `psutil.Process.create_time`, so that a reused pid is not taken for it."""
+RUN_TOKEN_ENV = "WORKBOOK_RUN_TOKEN"
+"""This launch's token; the run directory belongs to the launch whose token it holds."""
+
 
 def runs_dir() -> Path:
     """Where runs are kept: ``$WORKBOOK_RUNS`` if set, else ``runs/`` at the project root."""
@@ -61,6 +74,7 @@ class RunDir:
 
     SPEC, PLAN, PARTITIONS = "spec.json", "plan.json", "partitions.jsonl"
     COMMAND, STATUS, LAUNCHER_LOG = "command.txt", "status.json", "launcher.log"
+    LAUNCH_TOKEN, TEMP = "launch-token", "tmp"
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -69,8 +83,16 @@ class RunDir:
     def create(cls, label: str, root: str | Path | None = None) -> RunDir:
         """A new, empty run directory named ``<time>-<label>-<random id>`` under `root`."""
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")[:40] or "job"
-        path = Path(root or runs_dir()) / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(3)}"
-        path.mkdir(parents=True)
+        parent = Path(root or runs_dir())
+        path = parent / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{secrets.token_hex(3)}"
+        try:
+            path.mkdir(parents=True)
+            probe = path / ".writable"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise OSError(f"cannot create a run directory under {parent} ({exc.strerror or exc}): "
+                          "set WORKBOOK_RUNS to a writable folder, or pass directory=...") from None
         return cls(path)
 
     @property

@@ -8,7 +8,10 @@ edited by hand) reads as "unknown" instead of raising somewhere unrelated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import time
+import warnings
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from utils.jobs.rundir import PartitionChange, RunDir, RunState, runs_dir
 from utils.jobs.spec import JobSpec
 from utils.system.procs import pid_alive
 from utils.timeline import Event, Timeline
+from utils.workloads.models import get_model
 
 
 @dataclass
@@ -36,12 +40,18 @@ class Run:
         run_dir = RunDir(path)
         spec_data = run_dir.read_spec()
         if spec_data is None:
-            raise FileNotFoundError(f"{run_dir.path} is not a run directory (no readable {RunDir.SPEC})")
+            why = "is missing" if not run_dir.file(RunDir.SPEC).exists() else "is not valid JSON (cut short?)"
+            raise FileNotFoundError(f"{run_dir.path} is not a readable run directory: its {RunDir.SPEC} {why}")
+        try:
+            spec = JobSpec.from_dict(spec_data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{run_dir.path}: its {RunDir.SPEC} cannot be read by this version of the "
+                             f"workbook ({exc}); it was written by another version or edited by hand") from None
         status = run_dir.read_status()
         state = status.get("state", "incomplete")
         if state == "running" and not pid_alive(status.get("launcher_pid")):
             state = "incomplete"
-        return cls(path=run_dir.path, spec=JobSpec.from_dict(spec_data), state=state, command=run_dir.command(),
+        return cls(path=run_dir.path, spec=spec, state=state, command=run_dir.command(),
                    error=status.get("error"), started=status.get("started", 0.0),
                    finished=status.get("finished"), notes=tuple(status.get("notes", ())))
 
@@ -69,8 +79,6 @@ class Run:
 
     @cached_property
     def timeline(self) -> Timeline:
-        from utils.workloads.models import get_model
-
         events = [Event(**row) for r in self.ranks for row in self.run_dir.read_events(r)]
         spec = self.spec
         return Timeline(events=tuple(events), num_stages=spec.num_stages,
@@ -176,11 +184,23 @@ class Run:
 
 
 def list_runs(directory: str | Path | None = None) -> list[Run]:
-    """Every readable run under `directory` (default `runs_dir()`), oldest first."""
+    """Every readable run under `directory` (default `runs_dir()`), oldest first.
+
+    A record this version cannot read (a spec cut short, one from another version) is
+    skipped with a warning that names its directory; `Run.load` on it says why.
+    """
     root = Path(directory) if directory else runs_dir()
     if not root.exists():
         return []
-    return [Run.load(p) for p in sorted(root.iterdir()) if RunDir(p).read_spec() is not None]
+    runs = []
+    for path in _newest_first(root)[::-1]:
+        if not RunDir(path).file(RunDir.SPEC).exists():
+            continue  # not a run directory at all
+        try:
+            runs.append(Run.load(path))
+        except (OSError, ValueError) as exc:
+            warnings.warn(f"skipped {path}: {exc}", stacklevel=2)
+    return runs
 
 
 def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
@@ -195,7 +215,8 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
     root = Path(directory) if directory else runs_dir()
     if not root.exists():
         return None
-    for path in sorted(root.iterdir(), reverse=True):  # names start with the start time
+    wanted = _canonical(spec)
+    for path in _newest_first(root):
         data = RunDir(path).read_spec()
         if data is None:
             continue
@@ -203,8 +224,36 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
             recorded = JobSpec.from_dict(data)
         except (TypeError, ValueError, KeyError):
             continue
-        if recorded == spec:
+        if _canonical(recorded) == wanted:
             run = Run.load(path)
             if run.ok:
                 return run
     return None
+
+
+_STARTED = re.compile(r"^(\d{8}-\d{6})-")
+
+
+def _newest_first(root: Path) -> list[Path]:
+    """Folders under `root`, newest first: by the start time their name begins with (the
+    launcher names them so), else by modification time, so that a folder renamed by hand
+    (``best-run``) is placed by its age, not by its name."""
+    def started(path: Path) -> str:
+        match = _STARTED.match(path.name)
+        if match:
+            return match[1]
+        try:
+            return time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        except OSError:
+            return ""
+
+    return sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: (started(p), p.name), reverse=True)
+
+
+def _canonical(spec: JobSpec) -> JobSpec:
+    """`spec` with its model options spelled out in full: ``{"blocks": 6}`` and ``{}`` are the
+    same job when 6 is the preset's default."""
+    try:
+        return replace(spec, model_options=dict(sorted(get_model(spec.model, spec.model_options).options.items())))
+    except (TypeError, ValueError):
+        return spec

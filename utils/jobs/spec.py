@@ -11,6 +11,7 @@ decided by `utils.jobs.plan.plan_job`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
@@ -97,9 +98,13 @@ class JobSpec:
     """Inject a failure (teaching and tests); None for a normal run."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.partition, str) and isinstance(self.partition, Sequence):
-            object.__setattr__(self, "partition", tuple(self.partition))
-        object.__setattr__(self, "model_options", dict(self.model_options))
+        # numpy integers (from a sweep) are fine counts: stored as int so the spec is JSON.
+        for name in _INTEGER_FIELDS:
+            object.__setattr__(self, name, _plain_int(getattr(self, name)))
+        if not isinstance(self.partition, str) and hasattr(self.partition, "__iter__"):  # list, array
+            object.__setattr__(self, "partition", tuple(_plain_int(b) for b in self.partition))
+        if isinstance(self.model_options, Mapping):
+            object.__setattr__(self, "model_options", {k: _plain_int(v) for k, v in self.model_options.items()})
 
     # --- derived -------------------------------------------------------------------------------
     @property
@@ -128,43 +133,59 @@ class JobSpec:
 
     # --- checking ------------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise ValueError (TypeError for a value of the wrong type), saying what to change,
-        for anything DeepSpeed would reject, silently ignore or hang on."""
-        for name in ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps"):
-            value = getattr(self, name)
-            if isinstance(value, float) or validation.count(name, value) != value:
-                raise TypeError(f"{name} must be an integer, got {value!r}")
+        """Raise ValueError (TypeError for a value of the wrong type), naming the field and
+        saying what to change, for anything DeepSpeed would reject, silently ignore or hang
+        on. Every field is checked here, before any process starts."""
+        for name in _COUNT_FIELDS:
+            _count(name, getattr(self, name))
+        if not isinstance(self.model, str):
+            raise TypeError(f"model must be a preset name such as 'gpt', got {self.model!r}")
+        if not isinstance(self.model_options, Mapping) or not all(isinstance(k, str) for k in self.model_options):
+            raise TypeError(f"model_options must be a dict of option name -> int, got {self.model_options!r}")
         n = get_model(self.model, self.model_options).num_layers
         if self.num_stages > n:
             raise ValueError(f"num_stages={self.num_stages} but model {self.model!r} has only {n} layers: "
                              f"every stage needs at least one layer; use num_stages <= {n} or more blocks "
                              f"(model_options={{'blocks': ...}})")
-        if self.train_batch_size is not None and self.train_batch_size != self.global_batch:
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} but micro_batch_size × micro_batches × "
-                f"data_parallel = {self.micro_batch_size} × {self.micro_batches} × {self.data_parallel} = "
-                f"{self.global_batch}; DeepSpeed asserts they are equal. Change micro_batches to "
-                f"{self.train_batch_size / (self.micro_batch_size * self.data_parallel):g} or drop train_batch_size")
+        if self.train_batch_size is not None:
+            _count("train_batch_size", self.train_batch_size)
+            if self.train_batch_size != self.global_batch:
+                raise ValueError(
+                    f"train_batch_size={self.train_batch_size} but micro_batch_size × micro_batches × "
+                    f"data_parallel = {self.micro_batch_size} × {self.micro_batches} × {self.data_parallel} = "
+                    f"{self.global_batch}; DeepSpeed asserts they are equal. Change micro_batches to "
+                    f"{self.train_batch_size / (self.micro_batch_size * self.data_parallel):g} or drop "
+                    "train_batch_size")
         if isinstance(self.partition, str):
             if self.partition not in PARTITION_METHODS:
                 raise ValueError(f"unknown partition {self.partition!r}; use one of {PARTITION_METHODS} "
                                  "or explicit boundaries [0, b1, ..., n_layers]")
         else:
-            validation.boundaries(self.partition, n_layers=n, num_stages=self.num_stages)
+            try:
+                validation.boundaries(self.partition, n_layers=n, num_stages=self.num_stages)
+            except ValueError as exc:
+                raise ValueError(f"partition: {exc}") from None
         if self.schedule not in JOB_SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {JOB_SCHEDULES} "
                              "(DeepSpeed has no config key for the schedule: it is set on the engine)")
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICES}")
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
-            raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
+        _positive_number("lr", self.lr, "a learning rate such as 3e-3")
+        _positive_number("timeout", self.timeout, "seconds the whole job may take, such as 600")
+        _count("seed", self.seed, minimum=0)
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string, got {self.name!r}")
         if self.fault is not None:
             self._check_fault()
 
     def _check_fault(self) -> None:
         f = self.fault
+        if not isinstance(f, Fault):
+            raise TypeError(f"fault must be a utils.Fault(...) or None, got {f!r}")
         if f.kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {f.kind!r}; choose one of {FAULT_KINDS}")
+        _count("fault.stage", f.stage, minimum=0)
+        _count("fault.step", f.step, minimum=0)
         if not 0 <= f.stage < self.num_stages:
             raise ValueError(f"fault stage {f.stage} is outside 0..{self.num_stages - 1}")
         if not 0 <= f.step < self.steps:
@@ -192,3 +213,29 @@ class JobSpec:
         if data.get("fault") is not None:
             data["fault"] = Fault(**data["fault"])
         return cls(**data)
+
+
+_COUNT_FIELDS = ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps")
+_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "seed")
+
+
+def _plain_int(value):
+    """A numpy integer as a Python int; anything else unchanged (the check judges it)."""
+    if not isinstance(value, (bool, int, float, str)) and hasattr(value, "__index__"):
+        return value.__index__()
+    return value
+
+
+def _count(name: str, value, *, minimum: int = 1) -> None:
+    """An integer field: no floats (2.0 would reach DeepSpeed as a float), no booleans."""
+    if isinstance(value, float):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    validation.count(name, value, minimum=minimum)
+
+
+def _positive_number(name: str, value, example: str) -> None:
+    """A finite number > 0: the learning rate, the timeout."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number ({example}), got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive, finite number ({example}), got {value!r}")

@@ -10,11 +10,18 @@ The training loop has one seam: `StepHook`s run before and after every step with
 `RankState` (engine, tracer, stage ...). Anything that changes a running job between steps —
 re-partitioning, a new micro-batch count, per-layer measurement — is a hook that may
 replace ``state.engine``; the loop itself stays this short.
+
+Before anything else a rank starts a watcher that ends it when its parent (torchrun) or the
+process that launched the job (the notebook) is gone (`_exit_with_parent`), and checks that
+it was started by the launch that owns its run directory (`_record_into`): a
+``command.txt`` run by hand records a new sibling run instead of appending to this one.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import sys
 import threading
 import time
@@ -24,11 +31,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from utils.jobs.rundir import RunDir, StatusSlot
+import psutil
+
+from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir, StatusSlot
 from utils.jobs.spec import JobSpec
 
 RANK = int(os.environ.get("RANK", "0"))
-
 
 @dataclass
 class RankState:
@@ -197,6 +205,41 @@ def _peak_memory(device: str) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_max_rss"
 
 
+def _record_into(requested: RunDir) -> tuple[RunDir, str | None]:
+    """The run directory this launch records into, and why when it is not `requested`.
+
+    A run directory belongs to the launch that created it: the launcher writes a token into
+    it and hands the same token to the ranks. Without it (``command.txt`` run by hand, or
+    run again) the ranks would append a second copy of every step to the same record, so
+    they record into a new sibling directory instead. All ranks must agree on it without
+    talking to each other (no process group exists yet): its name comes from torchrun's run
+    id, the same in every rank of one torchrun. Each rank creates it and copies the spec
+    and the plan (atomic writes of identical content, so racing ranks are harmless).
+    """
+    expected = os.environ.get(RUN_TOKEN_ENV)
+    try:
+        recorded = requested.file(RunDir.LAUNCH_TOKEN).read_text(encoding="utf-8").strip()
+    except OSError:
+        recorded = None
+    spec = requested.read_spec()
+    if (expected and expected == recorded) or spec is None:  # no spec: not a run, setup says so
+        return requested, None
+    # Without torchrun (a single rank started by hand) there is no one to agree with.
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or secrets.token_hex(3)
+    suffix = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id)[:6]
+    fresh = RunDir(requested.path.with_name(f"{requested.name}-rerun-{suffix}"))
+    fresh.path.mkdir(parents=True, exist_ok=True)
+    plan = requested.read_plan()
+    if not fresh.file(RunDir.SPEC).exists():
+        fresh.write_spec(spec)
+    if plan is not None and not fresh.file(RunDir.PLAN).exists():
+        fresh.write_plan(plan)
+    why = ("that directory belongs to the launch that created it and this torchrun is another "
+           "(its command.txt run by hand?); appending would mix two runs in one record" if recorded else
+           "that directory holds no launch token, so it may already hold another run's record")
+    return fresh, why
+
+
 def _redirect_output(run_dir: RunDir) -> None:
     """Send this rank's stdout and stderr to its own log before anything can print."""
     log = open(run_dir.rank_log(RANK), "ab", buffering=0)
@@ -207,22 +250,62 @@ def _redirect_output(run_dir: RunDir) -> None:
 
 
 def _exit_with_parent() -> None:
-    """End this rank if its launcher disappears, so no orphan outlives a killed job."""
+    """End this rank if its parent (torchrun) or the process that launched the job (the
+    notebook, named by the launcher) disappears, so no orphan outlives a killed job.
+
+    torchrun runs in a session of its own, so a killed notebook or a script that returned
+    after `start_job` leaves it running; once its ranks exit, torchrun sees failed ranks
+    and exits by itself.
+    """
     parent = os.getppid()
+    launcher_alive = _launcher_watch()
 
     def watch():
         while True:
-            time.sleep(0.5)
             if os.getppid() != parent:
                 os._exit(1)
+            if not launcher_alive():
+                print(f"rank {RANK}: the process that launched this job "
+                      f"(pid {os.environ.get(LAUNCHER_PID_ENV)}) is gone; exiting", file=sys.stderr, flush=True)
+                os._exit(1)
+            time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+def _launcher_watch():
+    """A function telling whether the launching process still runs (always True when no
+    launcher was named, as when ``command.txt`` is run by hand)."""
+    try:
+        pid = int(os.environ[LAUNCHER_PID_ENV])
+        created = float(os.environ[LAUNCHER_CREATED_ENV])
+    except (KeyError, ValueError):
+        return lambda: True
+    try:
+        launcher = psutil.Process(pid)
+        # Gone before this rank started, and its pid reused since: not our launcher.
+        same = abs(launcher.create_time() - created) < 1.0
+    except psutil.Error:
+        same = False
+    if not same:
+        return lambda: False
+
+    def alive() -> bool:
+        try:
+            # A killed process whose parent has not reaped it yet is a zombie: gone too.
+            return launcher.is_running() and launcher.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    return alive
+
+
 def main() -> None:
-    run_dir = RunDir(Path(sys.argv[1]).resolve())
-    _redirect_output(run_dir)
     _exit_with_parent()
+    run_dir, moved = _record_into(RunDir(Path(sys.argv[1]).resolve()))
+    if moved and RANK == 0:  # the one line a terminal shows before the output goes to the logs
+        print(f"this run is recorded in {run_dir.path}, not in {sys.argv[1]}: {moved}", flush=True)
+    _redirect_output(run_dir)
     try:
         state = setup(run_dir, RANK)
         train(state)

@@ -19,11 +19,9 @@ Two choices keep the notebook responsive and the pictures reliable:
 
 from __future__ import annotations
 
-import atexit
 import html
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -50,20 +48,6 @@ PROFILE = "profile"
 _STYLE = {"description_width": "initial"}
 #: Progress-bar style of a panel whose job did not succeed, by state (anything else: danger).
 _BAR_STYLE = {"failed": "danger", "timeout": "danger", "stopped": "warning", "error": "danger"}
-
-# Jobs started by any panel and still running: stopped when the kernel exits, so a restarted
-# kernel leaves no DeepSpeed processes behind (they run in sessions of their own).
-_LIVE_JOBS: "weakref.WeakSet[RunningJob]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_jobs() -> None:
-    for job in list(_LIVE_JOBS):
-        try:
-            job.stop("the kernel shut down")
-        except Exception:  # noqa: BLE001 - best effort at interpreter exit
-            pass
-
 
 # --- small pure helpers (unit-tested) ---------------------------------------------------------
 def parse_boundaries(text: str) -> list[int]:
@@ -342,7 +326,6 @@ class RunPanel(Displayable):
                 self._set_error("invalid" if isinstance(exc, ValueError) else "error", f"cannot start: {why}")
                 return
             self.job = job
-            _LIVE_JOBS.add(job)
             if job.notes:
                 self.message.value = error_html("note: " + "\n".join(job.notes), "#8a6d00")
             seen = -1
@@ -365,8 +348,6 @@ class RunPanel(Displayable):
             finally:
                 self._set_error("error", f"the panel failed while watching the job: {type(exc).__name__}: {exc}")
         finally:
-            if job is not None:
-                _LIVE_JOBS.discard(job)
             self.run_button.disabled, self.stop_button.disabled = False, True
 
     def _show_progress(self, job: RunningJob, rows: list[dict]) -> None:
