@@ -17,6 +17,8 @@ liar            every function returns an object whose ``==`` is always True (an
 empty           the student copy, unchanged
 metadata_lost   correct answers; every cell's metadata and id removed (nbformat's
                 validator rejects such a file)
+answers_first   correct answers, all in one cell at the top of the notebook, above the set-up
+                cells (it runs top to bottom; an honest layout that must keep full marks)
 garbage         not a notebook at all
 ==============  =====================================================================
 """
@@ -151,6 +153,10 @@ def build(lab: LabSource, kind: str) -> str:
             if kind == "tests_edited":
                 cell = {**cell, "source": "assert True  # 我把测试改掉了"}
         cells.append(cell)
+    if kind == "answers_first":
+        together = next(c for c in cells if _is(c, "answer"))
+        together = {**together, "source": "\n\n\n".join(answers.values())}
+        cells = [together] + [c for c in cells if not _is(c, "answer")]
     if kind == "metadata_lost":
         cells = [{k: v for k, v in c.items() if k not in ("metadata", "id")} for c in cells]
         nb["metadata"] = {}

@@ -29,6 +29,7 @@ EXPECTED = {
     "liar": NONE,
     "empty": NONE,
     "metadata_lost": FULL,
+    "answers_first": FULL,  # before: 5/10, its checks ran before the set-up defined their data
     "garbage": NONE,  # not a notebook
     "no_notebook": NONE,  # a submission folder without a notebook
 }

@@ -108,6 +108,11 @@ def _defines(source: str, names: tuple[str, ...]) -> bool:
         return any(re.search(rf"^(async\s+def|def|class)\s+{re.escape(n)}\b", source, re.M) for n in names)
 
 
+def _recognised(cell: SubmittedCell, keys: frozenset[str]) -> bool:
+    """Whether `cell` is the source cell known by `keys` (grading id, cell id or its source)."""
+    return bool({cell.grading.get("id"), cell.cell_id, normalise(cell.source)} & keys)
+
+
 def check_source(check: Check) -> str:
     """The two lines that run a check through `utils.grading.harness.run_check`."""
     return ("from utils.grading.harness import run_check as _grading_run_check\n"
@@ -135,7 +140,11 @@ def plan(lab: LabSource, cells: list[SubmittedCell], timeout: float) -> tuple[li
         by_name = [i for i, (_, c) in enumerate(kept) if _defines(c.source, task.names)]
         found = by_id + by_name
         if found:
-            where[task.name] = max(found)
+            # After the answer and after every cell the source runs before the task, wherever
+            # the student moved them (answers in one cell above the set-up are graded fairly).
+            needed = [i for i, (_, c) in enumerate(kept)
+                      if any(_recognised(c, keys) for keys in task.prerequisites)]
+            where[task.name] = max(found + needed)
             continue
         where[task.name] = None
         if positional:

@@ -86,6 +86,12 @@ class Task:
     """Top-level functions and classes the answer defines (for matching a student's cell
     that lost its metadata)."""
     checks: tuple[Check, ...] = ()
+    prerequisites: tuple[frozenset[str], ...] = ()
+    """The code cells students get that come before this task's checks in the source (set-up
+    cells, given code, earlier answers), each as the keys that recognise it in a submission
+    (grading id, cell id, normalised source). The checks run after all of them that the
+    submission still has, so a notebook with its answers moved above the set-up is graded
+    as it runs top to bottom."""
 
     @property
     def points(self) -> float:
@@ -130,9 +136,14 @@ class LabSource:
         seen_ids: set[str] = set()
         current: str | None = None  # task whose answer or tests came last among code cells
         pending: dict[str, list[Check]] = {}
+        given: list[frozenset[str]] = []  # student-visible code cells so far (see Task.prerequisites)
+        before: dict[str, tuple[frozenset[str], ...]] = {}
         for index, cell in enumerate(self.nb.cells):
             meta = cell.get("metadata", {}).get("grading")
             where = f"{self.path.name}, cell {index} (id {cell.get('id')!r})"
+            if cell.cell_type == "code" and (meta or {}).get("kind") in (None, "setup", "answer"):
+                keys = {cell.get("id"), (meta or {}).get("id"), normalise(cell.source)}
+                given.append(frozenset(k for k in keys if k))
             if meta is None:
                 _forbid_markers(cell.source, where, solution=True, hidden=True)
                 if cell.cell_type == "code":
@@ -153,6 +164,7 @@ class LabSource:
             if kind == "answer":
                 current = self._parse_answer(cell, meta, where)
                 pending.setdefault(current, [])
+                before[current] = tuple(given[:-1])
             elif kind == "test":
                 check = _parse_test(cell, meta, where)
                 if check.task != current:
@@ -173,7 +185,8 @@ class LabSource:
             if not checks:
                 raise SourceError(f"{self.path.name}: task {name!r} has no test cell")
             task = self.tasks[name]
-            self.tasks[name] = Task(task.name, task.answer_id, task.answer_cell_id, task.names, tuple(checks))
+            self.tasks[name] = Task(task.name, task.answer_id, task.answer_cell_id, task.names, tuple(checks),
+                                    before[name])
         if not self.tasks:
             raise SourceError(f"{self.path.name}: no answer cells (grading kind 'answer')")
 
