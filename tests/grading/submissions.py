@@ -17,6 +17,8 @@ liar            every function returns an object whose ``==`` is always True (an
 empty           the student copy, unchanged
 metadata_lost   correct answers; every cell's metadata and id removed (nbformat's
                 validator rejects such a file)
+aliased         lab03 only: balanced_partition calls the library through an alias imported
+                before the checks run (``from utils import partition_layers as p``)
 answers_first   correct answers, all in one cell at the top of the notebook, above the set-up
                 cells (it runs top to bottom; an honest layout that must keep full marks)
 garbage         not a notebook at all
@@ -143,6 +145,10 @@ def build(lab: LabSource, kind: str) -> str:
         for task in lab.tasks:
             answers[task] = _signature(lab, task) + "\n    return AlwaysEqual()"
         answers[first] = LIAR.strip() + "\n\n\n" + answers[first]
+    elif kind == "aliased":
+        answers["balanced_partition"] = ("from utils import partition_layers as p\n\n\n"
+                                         + _signature(lab, "balanced_partition")
+                                         + "\n    return p(list(costs), num_stages)")
     cells = []
     for cell in nb["cells"]:
         if _is(cell, "answer"):

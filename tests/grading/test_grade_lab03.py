@@ -29,7 +29,11 @@ EXPECTED = {
     "liar": NONE,
     "empty": NONE,
     "metadata_lost": FULL,
-    "answers_first": FULL,  # before: 5/10, its checks ran before the set-up defined their data
+    "answers_first": FULL,
+    # Calls the library through an alias: before, the checks only replaced the module's name and
+    # the alias slipped through with full marks; now the two checks that forbid it (random
+    # instances 2, large instance 1) fail.
+    "aliased": {**FULL, "balanced_partition": 3},  # before: 5/10, its checks ran before the set-up defined their data
     "garbage": NONE,  # not a notebook
     "no_notebook": NONE,  # a submission folder without a notebook
 }
