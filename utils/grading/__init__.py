@@ -8,7 +8,9 @@ source), hidden test code and tracebacks never reach feedback, every check has i
 points, a crash or timeout costs only the checks that depend on it, and no Docker is needed.
 
 Modules: `notebook_source` (source conventions, student copies), `execute` (cell-by-cell
-kernel execution with timeouts and restarts), `sandbox` (resource limits), `harness`
+kernel execution with timeouts and restarts), `sandbox` (per-process limits),
+`containment` (the whole process tree of a submission: subreaper, total memory budget, output
+limits), `isolation` (bubblewrap: what a submission's kernel may see and write), `harness`
 (runs a check inside the kernel), `grade` (one submission), `batch` (a folder, in
 parallel), `feedback` (messages, Markdown, grades.csv), `release`. Command line:
 ``python -m utils.grading --help``; workflow: docs/instructors.md.
@@ -26,7 +28,7 @@ _EXPORTS = {
     "Task": "notebook_source", "dumps": "notebook_source", "find_lab": "notebook_source",
     "generate": "notebook_source",
     "ReleaseError": "release", "build_release": "release",
-    "Limits": "sandbox",
+    "Limits": "sandbox", "Budget": "containment",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -3,8 +3,9 @@
     generate [LAB ...] [--check]     labs/ from solutions/ (--check: fail if labs/ is stale)
     validate LAB [--out DIR] [--runs-out DIR]
                                       the solution must score full marks, the student copy 0
-    grade LAB SUBMISSIONS --out DIR [--workers N] [--timeout S] [--runs DIR]
-                                      grades.csv, feedback/, instructor/
+    grade LAB SUBMISSIONS --out DIR [--workers N] [--timeout S] [--runs DIR] [--resume]
+                                      grades.csv, feedback/, instructor/ (updated after
+                                      every submission; --resume: keep finished ones)
     release --out DIR                 what students get: no solutions, no hidden tests
 
 See docs/instructors.md for the workflow.
@@ -19,13 +20,16 @@ from pathlib import Path
 from .batch import grade_batch, validate
 from .feedback import fmt
 from .grade import PROJECT_ROOT, Options
+from .isolation import MODES, IsolationError
 from .notebook_source import LabSource, SourceError, find_lab, generate
 from .release import ReleaseError, build_release
+from .containment import Budget
 from .sandbox import Limits
 
 
 def _limits(args: argparse.Namespace) -> Limits:
-    return Limits(memory_gb=args.memory_gb, cpu_seconds=args.cpu_seconds, file_gb=args.file_gb)
+    return Limits(memory_gb=args.memory_gb, cpu_seconds=args.cpu_seconds, file_gb=args.file_gb,
+                  isolation=args.isolation)
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -36,6 +40,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-seconds", type=int, default=Limits.cpu_seconds,
                    help="CPU seconds per process; 0: no limit")
     p.add_argument("--file-gb", type=float, default=Limits.file_gb, help="largest file a process may write, GiB")
+    p.add_argument("--isolation", choices=MODES, default=Limits.isolation,
+                   help="bwrap (default): every kernel in a bubblewrap sandbox, and no grading where "
+                        "bwrap does not work; none: no isolation, for trusted notebooks only")
+    p.add_argument("--memory-budget-gb", type=float, default=Budget.memory_gb,
+                   help="memory of ALL processes of one submission together, GiB (kernel, jobs, children)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="recorded runs copied into every submission's runs/ (from validate --runs-out)")
     p.add_argument("--submission-timeout", type=float, default=3600,
                    help="wall-clock seconds one submission may take in all")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the results already in --out whose submission, lab, grader and options are "
+                        "unchanged (after an interrupted run); without it every submission is graded again")
     _add_run_options(p)
 
     p = sub.add_parser("release", help="build the student release")
@@ -86,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             lab = LabSource.load(find_lab(root, args.lab))
             out = args.out or root / "grading-output" / f"validate-{lab.name}"
             solution, empty = validate(lab, out, runs_out=args.runs_out,
-                                       options=Options(timeout=args.timeout, limits=_limits(args)))
+                                       options=Options(timeout=args.timeout, limits=_limits(args)),
+                                       budget=Budget(memory_gb=args.memory_budget_gb))
             maximum = lab.max_points
             ok = solution.total == maximum and empty.total == 0 and not solution.error
             print(f"solution: {fmt(solution.total)}/{fmt(maximum)} ({solution.seconds:.1f} s); "
@@ -98,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
             if not args.submissions.is_dir():
                 parser.error(f"{args.submissions} is not a folder")
             grade_batch(lab, args.submissions, args.out, workers=args.workers,
-                        submission_timeout=args.submission_timeout,
+                        submission_timeout=args.submission_timeout, resume=args.resume,
+                        budget=Budget(memory_gb=args.memory_budget_gb),
                         options=Options(timeout=args.timeout, limits=_limits(args), runs=args.runs))
             return 0
         if args.command == "release":
             copied = build_release(root, args.out)
             print(f"release written to {args.out}: {', '.join(copied)}")
             return 0
-    except (SourceError, ReleaseError) as error:
+    except (SourceError, ReleaseError, IsolationError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 2

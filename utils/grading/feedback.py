@@ -39,6 +39,8 @@ def _common(outcome: CellOutcome, timeout: float) -> str | None:
         return "内核在这里崩溃了（可能超出了内存或 CPU 限制，或代码调用了 exit），已重启内核继续评分。"
     if outcome.status == "not_run":
         return "没有运行：之前内核已多次重启。"
+    if outcome.status == "memory":
+        return _short(outcome.evalue) or "内存超限：这份提交的所有进程合计超过了内存上限，已被终止。"
     if outcome.ename == "NotImplementedError":
         what = _short(outcome.evalue)
         return f"尚未完成：{what + ' ' if what else ''}仍然抛出 NotImplementedError。"

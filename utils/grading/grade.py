@@ -26,7 +26,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import nbformat
@@ -34,6 +34,7 @@ import nbformat
 from utils.system.paths import PROJECT_ROOT
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
+from .isolation import IPYTHON_DIR, check_mode
 from .notebook_source import KERNELSPEC, Check, LabSource, defined_names, normalise
 from .sandbox import Limits
 
@@ -259,7 +260,8 @@ class Options:
     keep_runs: Path | None = None
     """Copy the runs the submission produced here (to record a lab's runs once)."""
     extra_files: Path | None = None
-    """A folder whose files are copied into the working directory (a submission folder)."""
+    """A folder whose files are copied into the working directory (a submission folder);
+    dot-files and dot-folders (``.ipython/``, ``.config/``...) are left out."""
 
 
 def grade_notebook(lab: LabSource, path: str | Path, student: str, options: Options | None = None,
@@ -270,6 +272,7 @@ def grade_notebook(lab: LabSource, path: str | Path, student: str, options: Opti
 
 async def _grade(lab: LabSource, path: Path, student: str, options: Options, log) -> SubmissionResult:
     started = time.monotonic()
+    check_mode(options.limits.isolation)  # isolation asked for and not available: refuse, loudly
     try:
         cells = read_submission(path)
     except ValueError as error:
@@ -280,14 +283,20 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     planned, result.notes = plan(lab, cells, timeout)
     result.review = sorted({t for p in planned if p.check is None for t in REVIEW_TOKENS if t in p.source})
     workdir = Path(tempfile.mkdtemp(prefix="grading-"))
+    # An isolated kernel sees neither the lab source (answers, hidden checks) nor the
+    # submitted file; the batch adds its output and submissions folders.
+    limits = replace(options.limits, hide=(*options.limits.hide, lab.path, path))
     try:
         if options.extra_files is not None:
-            shutil.copytree(options.extra_files, workdir, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
+            # No dot-entries: a folder's .ipython/profile_default/startup/*.py would run before
+            # any check. Symbolic links are copied as links, never followed.
+            shutil.copytree(options.extra_files, workdir, dirs_exist_ok=True, symlinks=True,
+                            ignore=shutil.ignore_patterns("*.ipynb", ".*"))
         if options.runs is not None:
             shutil.copytree(options.runs, workdir / "runs", dirs_exist_ok=True)
+        (workdir / IPYTHON_DIR).mkdir(exist_ok=True)  # the kernel's IPYTHONDIR: fresh, the grader's
         to_run = [Cell(p.source, p.timeout) for p in planned]
-        outcomes = await run_cells(to_run, workdir, kernel_env(workdir, PROJECT_ROOT), options.limits, log=log)
+        outcomes = await run_cells(to_run, workdir, kernel_env(workdir, PROJECT_ROOT), limits, log=log)
         for p, outcome in zip(planned, outcomes):
             _record(result, p, outcome)
         if options.executed_path is not None:

@@ -1,12 +1,25 @@
-"""Resource limits for grading kernels, applied by a tiny launch wrapper.
+"""Resource limits for grading kernels, applied by a tiny launch wrapper, inside the
+isolation of `isolation.py`.
 
 The grader starts every kernel as::
 
-    python .../utils/grading/sandbox.py --memory-gb 16 --cpu-seconds 1800 -- python -m ipykernel_launcher -f ...
+    sh -c 'trap "" INT; exec "$@"' sh bwrap ...isolation... \
+        python .../utils/grading/sandbox.py --memory-gb 16 --cpu-seconds 1800 [--uid 65534 --gid 65534] \
+        -- python -m ipykernel_launcher -f ...
 
-The wrapper lowers its own limits with `resource.setrlimit` and then *replaces itself* with
-the kernel (`os.execv`), so the kernel keeps the wrapper's pid (interrupts and shutdown reach
-it as usual) and everything the kernel starts inherits the same limits.
+(without the first line when ``Limits.isolation == "none"``; `execute` puts
+`containment.py`'s own exec-wrapper in front). The wrapper lowers its own
+limits with `resource.setrlimit`, drops to the unprivileged uid when asked, restores the
+default SIGINT action, and then *replaces itself* with the kernel (`os.execv`), so the kernel
+keeps the wrapper's pid and everything the kernel starts inherits the same limits.
+
+Which pid the KernelManager holds: without isolation, the wrapper's, which becomes the
+kernel's. With isolation, bwrap's outer process (the ``sh`` execs bwrap); the kernel is its
+grandchild (pid 2 in the sandbox's pid namespace, below bwrap's init) in the same process
+group. jupyter_client interrupts by ``killpg(pgid, SIGINT)``: bwrap's two processes ignore
+SIGINT (the ``trap``), the kernel does not (this wrapper reset it), so the interrupt reaches
+the kernel alone; shutdown's SIGKILL to the group ends bwrap and with it the namespace and
+every process in it.
 
 Limits are **per process**, never summed: a real DeepSpeed job launched from a lab starts
 torchrun and one process per rank, and each of them gets the same ceiling as the kernel,
@@ -30,6 +43,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -51,13 +65,26 @@ class Limits:
     """CPU time per process, seconds (``RLIMIT_CPU``)."""
     file_gb: float = 4.0
     """Largest file one process may write, GiB (``RLIMIT_FSIZE``)."""
+    isolation: str = "bwrap"
+    """``"bwrap"``: every kernel runs isolated (`isolation.py`), and grading refuses to start
+    where bubblewrap does not work; ``"none"``: no isolation (trusted notebooks only)."""
+    hide: tuple = ()
+    """Paths an isolated kernel must not see, besides those always hidden
+    (`isolation.HIDDEN_IN_PROJECT`: ``solutions/``, ``.git``...); the grader adds the lab
+    source, the submission, the output and submissions folders."""
 
-    def wrapper_args(self) -> list[str]:
-        """The wrapper command up to and including ``--``; append the kernel command."""
-        return [sys.executable, os.path.abspath(__file__),
+    def wrapper_args(self, isolation=None) -> list[str]:
+        """The wrapper command up to and including ``--``; append the kernel command.
+
+        `isolation` (an `isolation.Isolation`, or None for none) puts the sandbox first:
+        bwrap then execs this wrapper, which execs the kernel.
+        """
+        prefix = isolation.prefix() if isolation is not None else []
+        inner = isolation.wrapper_options() if isolation is not None else []
+        return [*prefix, sys.executable, os.path.abspath(__file__),
                 "--memory-gb", str(self.memory_gb or 0),
                 "--cpu-seconds", str(self.cpu_seconds or 0),
-                "--file-gb", str(self.file_gb or 0), "--"]
+                "--file-gb", str(self.file_gb or 0), *inner, "--"]
 
 
 def _lower(kind: int, value: int, hard_extra: int = 0) -> None:
@@ -85,22 +112,46 @@ def apply(limits: Limits, *, report=print) -> None:
     _lower(resource.RLIMIT_CORE, 0)
 
 
+def drop_privileges(uid: int, gid: int) -> None:
+    """Become `uid`/`gid` for good (no supplementary groups; as root this also clears every
+    capability), forbid regaining privileges through set-uid programs or file capabilities
+    (``no_new_privs``), and die with the parent (the sandbox's init) as before."""
+    import ctypes
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid:
+        raise SystemExit("sandbox.py: could not drop privileges")
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig, pr_set_no_new_privs = 1, 38
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        raise SystemExit("sandbox.py: could not set no_new_privs")
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)  # cleared by the uid change
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Parse the limits, apply them and exec the command after ``--``."""
+    """Parse the limits, apply them, drop privileges if asked, and exec the command after ``--``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        raise SystemExit("usage: sandbox.py [--memory-gb G] [--cpu-seconds S] [--file-gb G] -- COMMAND ...")
+        raise SystemExit("usage: sandbox.py [--memory-gb G] [--cpu-seconds S] [--file-gb G] "
+                         "[--uid U --gid G] -- COMMAND ...")
     split = argv.index("--")
     parser = argparse.ArgumentParser(prog="sandbox.py")
     parser.add_argument("--memory-gb", type=float, default=Limits.memory_gb)
     parser.add_argument("--cpu-seconds", type=int, default=Limits.cpu_seconds)
     parser.add_argument("--file-gb", type=float, default=Limits.file_gb)
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--gid", type=int, default=None)
     options = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
         raise SystemExit("sandbox.py: no command after --")
     apply(Limits(options.memory_gb, options.cpu_seconds, options.file_gb),
           report=lambda text: print(text, file=sys.stderr))
+    if options.uid is not None:  # after the limits: an unprivileged process cannot raise them
+        drop_privileges(options.uid, options.gid if options.gid is not None else options.uid)
+    # bwrap runs with SIGINT ignored (see the module doc); the kernel must take interrupts.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execvp(command[0], command)
 
 
