@@ -335,3 +335,19 @@ def test_a_submission_cannot_change_how_the_next_one_is_graded(tmp_path):
                                                  echo=lambda text: None)}
     assert results["b_untouched"].total == 0 and results["a_attacker"].total == 0
     assert hashlib.sha256(copy.read_bytes()).hexdigest() == before  # hidden from the kernel
+
+
+def test_a_project_under_tmp_is_bound_back_and_its_solutions_still_hidden(tmp_path, monkeypatch):
+    """A checkout (or CI clone) under /tmp: the sandbox's private /tmp must not hide the
+    project and interpreter, and must not stop hiding the project's solutions/ either."""
+    project = Path(tempfile.mkdtemp(prefix="project-", dir="/tmp"))
+    try:
+        (project / "solutions").mkdir()
+        monkeypatch.setattr(isolation, "PROJECT_ROOT", project)
+        args = Isolation(tmp_path / "scratch").bwrap_args()
+        text = " ".join(args)
+        assert f"--ro-bind {project} {project}" in text
+        assert f"--tmpfs {project / 'solutions'}" in text
+        assert text.index(f"--ro-bind {project} {project}") < text.index(f"--tmpfs {project / 'solutions'}")
+    finally:
+        shutil.rmtree(project, ignore_errors=True)

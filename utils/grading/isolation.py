@@ -256,9 +256,9 @@ class Isolation:
                 _hand_over(self.socket_dir, uid)
 
     def hidden_paths(self) -> list[Path]:
-        """What the kernel must not see, outermost first; paths under the private ``/tmp``,
-        the scratch directory, or another hidden path are left out (already unseen), as are
-        paths that do not exist."""
+        """What the kernel must not see, outermost first; paths under the private ``/tmp`` (unless
+        bound back into it: a project cloned there), the scratch directory, or another hidden
+        path are left out (already unseen), as are paths that do not exist."""
         wanted = [PROJECT_ROOT / name for name in HIDDEN_IN_PROJECT] + list(self.hide)
         found: list[Path] = []
         for path in wanted:
@@ -271,10 +271,12 @@ class Isolation:
                 raise IsolationError(f"cannot hide {path} from the kernel: it holds {PROJECT_ROOT} or the "
                                      "Python installation the kernel runs on")
         private = [Path("/tmp"), Path(os.path.realpath(tempfile.gettempdir()))]
+        rebound = [p for top in private for p in _outermost_under(top)]  # the project under /tmp?
         found.sort(key=lambda p: len(p.parts))
         kept: list[Path] = []
         for path in found:
-            if any(_under(path, p) for p in private + kept) or _under(path, self.scratch):
+            unseen = any(_under(path, p) for p in private) and not any(_under(path, r) for r in rebound)
+            if unseen or any(_under(path, k) for k in kept) or _under(path, self.scratch):
                 continue
             kept.append(path)
         return kept
@@ -288,6 +290,11 @@ class Isolation:
         if not _under(temp, Path("/tmp")):
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", str(temp)]
         args += ["--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"]
+        # A project or interpreter under the private /tmp (a checkout or CI clone there) is
+        # bound back read-only over it; nothing else of the real /tmp is.
+        for top in sorted({Path("/tmp"), temp}):
+            for path in _outermost_under(top):
+                args += _ancestors(path, top) + ["--ro-bind", str(path), str(path)]
         for device in sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/dri")):
             args += ["--dev-bind", device, device]
         if os.path.isdir("/run"):
@@ -327,18 +334,9 @@ class Isolation:
         home = Path(os.path.realpath(os.path.expanduser("~")))
         if home == Path("/") or not home.is_dir():
             return None, []
-        needed = {PROJECT_ROOT, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent}
-        needed |= {Path(p) for p in sys.path if p and os.path.isdir(p)}
-        needed |= {Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p)}
-        inside = sorted({Path(os.path.realpath(p)) for p in needed if _under(Path(os.path.realpath(p)), home)},
-                        key=lambda p: len(p.parts))
-        if home in inside:  # the grader's home is itself needed (say the project is the home)
+        if any(path == home for path in _needed_paths()):  # the home is itself needed (the project?)
             return None, []
-        kept: list[Path] = []
-        for path in inside:
-            if not any(_under(path, k) for k in kept):
-                kept.append(path)
-        return home, kept
+        return home, _outermost_under(home)
 
     def prefix(self) -> list[str]:
         """The command that runs what follows it (the sandbox wrapper) inside the sandbox."""
@@ -348,6 +346,26 @@ class Isolation:
         """Options of `sandbox.py` inside the sandbox: the uid to drop to, if any."""
         uid = self.run_as
         return [] if uid is None or uid == os.geteuid() else ["--uid", str(uid), "--gid", str(uid)]
+
+
+def _needed_paths() -> set[Path]:
+    """What the kernel's Python needs to see: the project, the interpreter and its prefixes,
+    every ``sys.path`` and ``PYTHONPATH`` entry (real paths)."""
+    needed = {PROJECT_ROOT, Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent}
+    needed |= {Path(p) for p in sys.path if p and os.path.isdir(p)}
+    needed |= {Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p)}
+    return {Path(os.path.realpath(p)) for p in needed}
+
+
+def _outermost_under(top: Path) -> list[Path]:
+    """The needed paths strictly below `top`, without those inside another one (to bind back
+    read-only over a tmpfs mounted on `top`)."""
+    inside = sorted((p for p in _needed_paths() if _under(p, top) and p != top), key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in inside:
+        if not any(_under(path, k) for k in kept):
+            kept.append(path)
+    return kept
 
 
 def _ancestors(path: Path, top: Path) -> list[str]:
