@@ -178,6 +178,39 @@ def _tree_rss(top: psutil.Process) -> int:
     return total
 
 
+def _workers_rss(top: psutil.Process) -> int:
+    """Largest RSS among the grading processes themselves (the batch process's children)."""
+    try:
+        return max([0] + [w.memory_info().rss for w in top.children()])
+    except psutil.Error:
+        return 0
+
+
+def _run_sampling(batch: subprocess.Popen, measure, *, every: float, timeout: float) -> tuple[str, int]:
+    """Wait for `batch` while a thread samples ``measure(batch process)`` every `every`
+    seconds; its stdout and the largest sample. The batch is killed if it outlives `timeout`."""
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        top = psutil.Process(batch.pid)
+        while not done.is_set():
+            peak = max(peak, measure(top))
+            time.sleep(every)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        stdout, _ = batch.communicate(timeout=timeout)
+    finally:
+        done.set()
+        sampler.join()
+        if batch.poll() is None:
+            batch.kill()
+    return stdout, peak
+
+
 def test_the_memory_budget_covers_all_processes_of_a_submission_together(tmp_path):
     """Attack C: three children of 1.5 GiB each under a 3 GiB budget for the submission."""
     budget_gb = 3.0
@@ -187,25 +220,7 @@ def test_the_memory_budget_covers_all_processes_of_a_submission_together(tmp_pat
     out = tmp_path / "out"
     batch = subprocess.Popen([sys.executable, "-c", BATCH_SCRIPT, str(LAB.path), str(folder), str(out),
                               str(budget_gb), str(TEST_TIMEOUT)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        top = psutil.Process(batch.pid)
-        while not done.is_set():
-            peak = max(peak, _tree_rss(top))
-            time.sleep(0.02)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        stdout, _ = batch.communicate(timeout=240)
-    finally:
-        done.set()
-        sampler.join()
-        if batch.poll() is None:
-            batch.kill()
+    stdout, peak = _run_sampling(batch, _tree_rss, every=0.02, timeout=240)
     assert batch.returncode == 0
     hog = json.loads(stdout.splitlines()[-1])[0]
     assert hog["error"] is None  # the grader survived and graded the rest
@@ -233,28 +248,7 @@ def test_an_output_flood_grows_neither_the_grader_nor_the_instructor_notebook(tm
     batch = subprocess.Popen([sys.executable, "-m", "utils.grading", "grade", "lab03", str(folder), "--out", str(out),
                               "--workers", "1", "--timeout", str(TEST_TIMEOUT)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampled = 0
-    done = threading.Event()
-
-    def sample() -> None:  # the grading process: the batch process's child
-        nonlocal sampled
-        top = psutil.Process(batch.pid)
-        while not done.is_set():
-            try:
-                sampled = max([sampled] + [w.memory_info().rss for w in top.children()])
-            except psutil.Error:
-                pass
-            time.sleep(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        stdout, _ = batch.communicate(timeout=300)
-    finally:
-        done.set()
-        sampler.join()
-        if batch.poll() is None:
-            batch.kill()
+    stdout, sampled = _run_sampling(batch, _workers_rss, every=0.01, timeout=300)
     assert batch.returncode == 0, stdout
     assert "flood: 10/10" in stdout
     log = (out / "instructor" / "flood.log").read_text(encoding="utf-8")

@@ -299,7 +299,9 @@ class Containment:
         """End every descendant: SIGTERM, `grace` seconds, SIGKILL; repeated until none is
         left (a process may fork while it is being ended), then reap them all. Returns how
         many were ended."""
-        import psutil
+        # Imported here: this file also runs as a bare script before every kernel (see above).
+        from utils.system.procs import end_process_tree
+
         ended: set[int] = set()
         give_up = time.monotonic() + grace + deadline
         first = True
@@ -308,19 +310,7 @@ class Containment:
             if not procs or time.monotonic() > give_up:
                 break
             ended.update(p.pid for p in procs)
-            if first and grace > 0:
-                for p in procs:
-                    try:
-                        p.terminate()
-                    except psutil.Error:
-                        pass
-                _, procs = psutil.wait_procs(procs, timeout=grace)
-            for p in procs:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(procs, timeout=1.0)
+            end_process_tree(procs, grace=grace if first else 0, reap=1.0)  # TERM, grace, KILL; then KILL only
             first = False
         self.reap(owned=True)
         return len(ended)
