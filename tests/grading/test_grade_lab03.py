@@ -111,7 +111,7 @@ def test_an_object_equal_to_everything_earns_nothing(graded):
 def test_errors_in_hidden_checks_show_the_type_only(graded):
     results, out, _ = graded
     raising = {c.id: c for c in results["raising"].checks}
-    assert raising["speedup_public"].message == "ZeroDivisionError: division by zero"
+    assert raising["speedup_public"].message == "你的函数抛出了 ZeroDivisionError: division by zero"
     assert "ZeroDivisionError" in raising["speedup_hidden"].message
     assert "division by zero" not in raising["speedup_hidden"].message
     issues = results["raising"].issues

@@ -10,8 +10,10 @@ points, a crash or timeout costs only the checks that depend on it, and no Docke
 Modules: `notebook_source` (source conventions, student copies), `execute` (cell-by-cell
 kernel execution with timeouts and restarts), `sandbox` (per-process limits),
 `containment` (the whole process tree of a submission: subreaper, total memory budget, output
-limits), `isolation` (bubblewrap: what a submission's kernel may see and write), `harness`
-(runs a check inside the kernel), `grade` (one submission), `batch` (a folder, in
+limits), `isolation` (bubblewrap: what a submission's kernel may see and write), `judge` and
+`judge_process` (checks run outside the kernel, against a trusted reference), `codec` (the
+plain data between them), `student_side` (what runs in the kernel during a check),
+`check_api` (helpers checks import), `grade` (one submission), `batch` (a folder, in
 parallel), `feedback` (messages, Markdown, grades.csv), `release`. Command line:
 ``python -m utils.grading --help``; workflow: docs/instructors.md.
 """
@@ -19,7 +21,7 @@ parallel), `feedback` (messages, Markdown, grades.csv), `release`. Command line:
 import importlib
 
 #: Public names and the module that defines each. Imported on first use, so that a grading
-#: kernel importing `utils.grading.harness` does not pay for nbclient and the rest.
+#: kernel importing `utils.grading.student_side` does not pay for nbclient and the rest.
 _EXPORTS = {
     "grade_batch": "batch", "validate": "batch",
     "Options": "grade", "SubmissionResult": "grade", "grade_notebook": "grade", "plan": "grade",

@@ -139,7 +139,7 @@ def _grader_digest() -> str:
 def stamp(lab: LabSource, s: Submission, options: Options, budget: Budget, grader: str) -> dict:
     """What a result depends on; a stored result is reused by ``resume`` only if its stamp
     is equal."""
-    graded = replace(options, executed_path=None, extra_files=None, keep_runs=None)
+    graded = replace(options, executed_path=None, extra_files=None, keep_runs=None, judge_runs=None)
     return {"submission": submission_digest(s), "lab": _digest(lab.path.read_bytes()), "grader": grader,
             "options": json.dumps({"options": asdict(graded), "budget": asdict(budget)}, sort_keys=True,
                                   default=str)}
@@ -228,6 +228,8 @@ def grade_batch(lab_path: LabSource | str | Path, submissions: str | Path, out: 
     (out / "instructor").mkdir(parents=True, exist_ok=True)
     _remove_leftovers(out)
     options = options or Options()
+    if options.runs is None and options.judge_runs is None:  # the judges record the lab's jobs once
+        options = replace(options, judge_runs=(out / "instructor" / "judge-runs").resolve())
     budget = budget or Budget()
     queue = discover(Path(submissions), lab)
     names = [safe_name(s.student) for s in queue]

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import nbformat
 import psutil
@@ -94,6 +95,9 @@ class CellOutcome:
     evalue: str | None = None
     seconds: float = 0.0
     outputs: list = field(default_factory=list)
+    student: bool = False
+    """For a judged check that failed: the exception was raised by the student's function
+    (its message is the student's text), not by the check."""
 
     @property
     def ok(self) -> bool:
@@ -102,10 +106,22 @@ class CellOutcome:
 
 @dataclass
 class Cell:
-    """A cell to execute and its timeout in seconds."""
+    """Student code to execute and its timeout in seconds."""
 
     source: str
     timeout: float
+
+    async def execute(self, session: KernelSession) -> CellOutcome:
+        return await session.run(self.source, self.timeout)
+
+
+class Step(Protocol):
+    """What `run_cells` runs: a `Cell`, or a step that uses the kernel its own way (a check
+    judged outside the kernel, `judge.JudgedCheck`). Only cells are replayed after a restart."""
+
+    timeout: float
+
+    async def execute(self, session: KernelSession) -> CellOutcome: ...
 
 
 class OutputBudget:
@@ -278,8 +294,9 @@ class KernelSession:
     def _remember_reply(self, cell=None, cell_index=None, execute_reply=None) -> None:
         self._reply = execute_reply
 
-    async def run(self, source: str, timeout: float) -> CellOutcome:
-        """Execute one cell; never raises for what the cell does."""
+    async def run(self, source: str, timeout: float, *, store_history: bool = True) -> CellOutcome:
+        """Execute one cell; never raises for what the cell does. With `store_history` False
+        the kernel keeps no trace of it in its input history (``In``, ``_ih``)."""
         assert self.client is not None, "start() first"
         cell = nbformat.v4.new_code_cell(source)
         self.client.nb.cells[0] = cell
@@ -288,7 +305,7 @@ class KernelSession:
         self.outputs.new_cell()
         started = time.monotonic()
         try:
-            cell = await self.client.async_execute_cell(cell, 0)
+            cell = await self.client.async_execute_cell(cell, 0, store_history=store_history)
         except DeadKernelError:
             outputs = list(cell.get("outputs", []))
             trip = self.contained.claim_trip() if self.contained is not None else None
@@ -330,7 +347,7 @@ class KernelSession:
         self._stack, self.client, self._pid = None, None, None
 
 
-async def run_cells(cells: list[Cell], workdir: Path, env: dict[str, str], limits: Limits, *,
+async def run_cells(cells: list[Step], workdir: Path, env: dict[str, str], limits: Limits, *,
                     log: Callable[[str], None] = lambda text: None, budget: Budget | None = None,
                     contained: Containment | None = None) -> list[CellOutcome]:
     """Run `cells` in order in a fresh kernel; one outcome per cell, in the same order.
@@ -361,7 +378,7 @@ async def run_cells(cells: list[Cell], workdir: Path, env: dict[str, str], limit
             if session is None:
                 outcomes.append(CellOutcome("not_run", "NotRun", "too many kernel restarts"))
                 continue
-            outcome = await session.run(cell.source, cell.timeout)
+            outcome = await cell.execute(session)
             outputs.commit()  # before any probe or replay: their outputs are not kept
             if outcome.status in ("dead", "memory") or (outcome.status == "timeout"
                                                         and not await session.responsive(cell.timeout)):
@@ -375,7 +392,7 @@ async def run_cells(cells: list[Cell], workdir: Path, env: dict[str, str], limit
                 else:
                     log(f"{what}; restarting ({restarts})")
                     session = await _replayed(new_session, succeeded, log)
-            elif outcome.ok:
+            elif outcome.ok and isinstance(cell, Cell):
                 succeeded.append(cell)
             outcomes.append(outcome)
     finally:

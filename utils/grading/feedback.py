@@ -27,9 +27,19 @@ MESSAGE_LIMIT = 600
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>()#|&!~])")
+
+
 def _short(text: str | None) -> str:
-    text = _ANSI.sub("", text or "").strip()
+    text = _CONTROL.sub("", _ANSI.sub("", text or "")).strip()
     return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + " …"
+
+
+def _md(text: str) -> str:
+    """`text` (which may hold what a student's code chose) as inert Markdown on one line:
+    no HTML, links, images, emphasis or extra list items; every character still shows."""
+    return _MARKDOWN.sub(r"\\\1", text.replace("\r", "")).replace("\n", " ⏎ ")
 
 
 def _common(outcome: CellOutcome, timeout: float) -> str | None:
@@ -54,12 +64,17 @@ def explain_check(check: Check, outcome: CellOutcome, timeout: float) -> str:
     common = _common(outcome, timeout)
     if common is not None:
         return common
+    if outcome.student:  # the student's own function raised
+        if not check.hidden:
+            return f"你的函数抛出了 {outcome.ename}: {_short(outcome.evalue)}"
+        return (f"你的函数在这项隐藏检查中抛出了 {outcome.ename}。隐藏检查不显示细节："
+                "请用公开自检和你自己构造的例子复现。")
     if outcome.ename == "AssertionError":
         return _short(outcome.evalue) or "断言不成立（这项检查没有附带说明）。"
     if not check.hidden:
         return f"{outcome.ename}: {_short(outcome.evalue)}"
-    return (f"你的代码在这项隐藏检查中抛出了 {outcome.ename}。隐藏检查不显示细节："
-            "请用公开自检和你自己构造的例子复现。")
+    return (f"这项隐藏检查在处理你的结果时出错（{outcome.ename}）：返回值的类型或结构可能不对。"
+            "隐藏检查不显示细节：请用公开自检和你自己构造的例子复现。")
 
 
 def explain_cell(outcome: CellOutcome, timeout: float) -> str:
@@ -91,12 +106,12 @@ def markdown(result: SubmissionResult, lab: LabSource) -> str:
             if c.status == "passed":
                 lines.append(f"- ✅ {what}（{fmt(c.points)} 分）")
             else:
-                lines.append(f"- ❌ {what}（0 / {fmt(c.points)} 分）：{c.message}")
+                lines.append(f"- ❌ {what}（0 / {fmt(c.points)} 分）：{_md(c.message)}")
         lines.append("")
     if result.issues:
         lines += ["## 你的代码单元中出现的问题", ""]
-        lines += [f"- 第 {i.number} 个代码单元（`{i.excerpt}`）：{i.message}" if i.excerpt
-                  else f"- 第 {i.number} 个代码单元：{i.message}" for i in result.issues]
+        lines += [f"- 第 {i.number} 个代码单元（{_md(i.excerpt)}）：{_md(i.message)}" if i.excerpt
+                  else f"- 第 {i.number} 个代码单元：{_md(i.message)}" for i in result.issues]
         lines.append("")
     if result.notes:
         lines += ["## 说明", ""] + [f"- {note}" for note in result.notes] + [""]

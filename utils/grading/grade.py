@@ -35,14 +35,15 @@ from utils.system.paths import PROJECT_ROOT
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
 from .isolation import IPYTHON_DIR, check_mode
+from .judge import Judge, JudgeError, JudgedCheck, judge_env
 from .notebook_source import KERNELSPEC, Check, LabSource, defined_names, normalise
 from .sandbox import Limits
 
 DEFAULT_CELL_TIMEOUT = 120.0
 #: Tokens that deserve a human look: tampering with the kernel or reaching for the answers.
 REVIEW_TOKENS = ("input_transformers", "ast_transformers", "set_custom_exc", "events.register",
-                 "register_magic", "sys.settrace", "import builtins", "__builtins__",
-                 "_grading_run_check", "utils.grading", "solutions/", "HIDDEN TESTS")
+                 "register_magic", "sys.settrace", "import builtins", "__builtins__", "__code__",
+                 "student_side", "utils.grading", "solutions/", "HIDDEN TESTS")
 
 
 # --- reading a submission -----------------------------------------------------------------------
@@ -94,6 +95,8 @@ class Planned:
     """A cell of the graded run: a student cell or an instructor check."""
 
     source: str
+    """Student cells: what runs in the kernel. Checks: the check's full source (run by the
+    judge; kept for the instructor notebook only)."""
     timeout: float
     check: Check | None = None
     number: int | None = None
@@ -112,12 +115,6 @@ def _defines(source: str, names: tuple[str, ...]) -> bool:
 def _recognised(cell: SubmittedCell, keys: frozenset[str]) -> bool:
     """Whether `cell` is the source cell known by `keys` (grading id, cell id or its source)."""
     return bool({cell.grading.get("id"), cell.cell_id, normalise(cell.source)} & keys)
-
-
-def check_source(check: Check) -> str:
-    """The two lines that run a check through `utils.grading.harness.run_check`."""
-    return ("from utils.grading.harness import run_check as _grading_run_check\n"
-            f"_grading_run_check({check.source!r}, globals(), {'check:' + check.id!r})")
 
 
 def plan(lab: LabSource, cells: list[SubmittedCell], timeout: float) -> tuple[list[Planned], list[str]]:
@@ -168,10 +165,10 @@ def plan(lab: LabSource, cells: list[SubmittedCell], timeout: float) -> tuple[li
         planned.append(Planned(cell.source, student_timeout(cell), number=number))
         for task in lab.tasks.values():
             if where[task.name] == i:
-                planned += [Planned(check_source(c), timeout, check=c) for c in task.checks]
+                planned += [Planned(c.source, timeout, check=c) for c in task.checks]
     for task in lab.tasks.values():
         if where[task.name] is None:
-            planned += [Planned(check_source(c), timeout, check=c) for c in task.checks]
+            planned += [Planned(c.source, timeout, check=c) for c in task.checks]
     last_check = max(i for i, p in enumerate(planned) if p.check is not None)
     return planned[:last_check + 1], notes
 
@@ -259,6 +256,10 @@ class Options:
     """Write the executed notebook (with hidden checks: instructors only) here."""
     keep_runs: Path | None = None
     """Copy the runs the submission produced here (to record a lab's runs once)."""
+    judge_runs: Path | None = None
+    """A runs folder the judges share (the grader's own, never shown to a kernel): the first
+    judge that needs the lab's jobs records them there and later judges find them. None:
+    each judge starts from a copy of `runs` (or from nothing)."""
     extra_files: Path | None = None
     """A folder whose files are copied into the working directory (a submission folder);
     dot-files and dot-folders (``.ipython/``, ``.config/``...) are left out."""
@@ -283,20 +284,32 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     planned, result.notes = plan(lab, cells, timeout)
     result.review = sorted({t for p in planned if p.check is None for t in REVIEW_TOKENS if t in p.source})
     workdir = Path(tempfile.mkdtemp(prefix="grading-"))
+    judge_dir = Path(tempfile.mkdtemp(prefix="judge-"))
     # An isolated kernel sees neither the lab source (answers, hidden checks) nor the
     # submitted file; the batch adds its output and submissions folders.
     limits = replace(options.limits, hide=(*options.limits.hide, lab.path, path))
+    judge = Judge(lab, judge_dir, judge_env(judge_dir, PROJECT_ROOT, options.judge_runs),
+                  prepare_timeout=_reference_timeout(lab, timeout))
     try:
         if options.extra_files is not None:
             # No dot-entries: a folder's .ipython/profile_default/startup/*.py would run before
             # any check. Symbolic links are copied as links, never followed.
             shutil.copytree(options.extra_files, workdir, dirs_exist_ok=True, symlinks=True,
                             ignore=shutil.ignore_patterns("*.ipynb", ".*"))
-        if options.runs is not None:
+        if options.runs is not None:  # the same recorded runs for the kernel and the judge
             shutil.copytree(options.runs, workdir / "runs", dirs_exist_ok=True)
+            if options.judge_runs is None:
+                shutil.copytree(options.runs, judge_dir / "runs", dirs_exist_ok=True)
         (workdir / IPYTHON_DIR).mkdir(exist_ok=True)  # the kernel's IPYTHONDIR: fresh, the grader's
-        to_run = [Cell(p.source, p.timeout) for p in planned]
-        outcomes = await run_cells(to_run, workdir, kernel_env(workdir, PROJECT_ROOT), limits, log=log)
+        steps = [Cell(p.source, p.timeout) if p.check is None else JudgedCheck(p.check, p.timeout, judge)
+                 for p in planned]
+        try:
+            outcomes = await run_cells(steps, workdir, kernel_env(workdir, PROJECT_ROOT), limits, log=log)
+        except JudgeError as error:
+            # The lab source itself failed in the judge: nobody's answers can be judged.
+            log(f"judge: {error}")
+            return SubmissionResult.failed(lab, student, "评分器的参考运行失败（教师端问题，与你的代码无关）",
+                                           seconds=time.monotonic() - started)
         for p, outcome in zip(planned, outcomes):
             _record(result, p, outcome)
         if options.executed_path is not None:
@@ -304,9 +317,19 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
         if options.keep_runs is not None and (workdir / "runs").exists():
             shutil.copytree(workdir / "runs", options.keep_runs, dirs_exist_ok=True)
     finally:
+        await judge.stop()
+        if options.executed_path is not None and judge.log.exists():  # what the judge printed
+            shutil.copy(judge.log, options.executed_path.with_suffix(".judge.log"))
         shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(judge_dir, ignore_errors=True)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _reference_timeout(lab: LabSource, timeout: float) -> float:
+    """Seconds the judge may take to run the whole lab source: every code cell's timeout."""
+    cells = [c for c in lab.nb.cells if c.cell_type == "code"]
+    return sum(lab.setup_timeouts.get((c.metadata.get("grading") or {}).get("id"), timeout) for c in cells)
 
 
 def _record(result: SubmissionResult, p: Planned, outcome: CellOutcome) -> None:

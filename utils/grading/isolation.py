@@ -411,7 +411,7 @@ def unprivileged_works() -> bool:
     try:
         probe = Isolation(scratch, uid=NOBODY)
         probe.prepare()
-        code = ("import os, ipykernel, utils.grading.harness; assert os.getuid() == %d; "
+        code = ("import os, ipykernel, utils.grading.student_side; assert os.getuid() == %d; "
                 "open(os.path.join(os.environ['HOME'], 'ok'), 'w').close()" % NOBODY)
         command = probe.prefix() + [sys.executable, str(Path(__file__).with_name("sandbox.py")),
                                     *probe.wrapper_options(), "--", sys.executable, "-c", code]

@@ -1,0 +1,61 @@
+"""Helpers an instructor's check may import: they work wherever the check runs.
+
+A check runs in the judge (grading, the student's functions in another process) or in an
+ordinary kernel (the solution notebook run top to bottom, nbval). `forbidding` means the
+same in both: while the block runs, the named library functions raise AssertionError when
+the student's code calls them, however it got hold of them (an alias imported earlier, the
+module attribute), because the function's *code* is swapped, not a name.
+
+This is a rule for honest students, not a wall: code in the student's kernel can save a
+function's code object beforehand. Tokens such as ``__code__`` in a submission are flagged
+for review (`grade.REVIEW_TOKENS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+
+_ACTIVE: list[tuple[tuple[str, ...], str]] = []
+"""The `forbidding` blocks open now, innermost last (the judge's proxies send them along)."""
+
+
+def active_forbidden() -> tuple[list[str], str]:
+    """The functions forbidden now and the message of the innermost block."""
+    targets = [t for block, _ in _ACTIVE for t in block]
+    return targets, (_ACTIVE[-1][1] if _ACTIVE else "")
+
+
+def _refuse(*args, **kwargs):
+    # Becomes the code of a forbidden function, so it runs with *that* function's globals and
+    # no closure: it names nothing but builtins and finds the message through this module.
+    raise AssertionError(__import__("utils.grading.check_api", fromlist=["_"]).active_forbidden()[1])
+
+
+@contextlib.contextmanager
+def forbidding(*targets: str, message: str) -> Iterator[None]:
+    """Forbid the functions named ``package.module.function`` inside the block.
+
+    In this process their code is swapped for one raising ``AssertionError(message)``; calls
+    the judge forwards to the student's kernel carry the list, and the kernel swaps them the
+    same way for the duration of each call.
+    """
+    functions = []
+    for target in targets:
+        module, _, name = target.rpartition(".")
+        function = getattr(importlib.import_module(module), name, None)
+        if function is None or not hasattr(function, "__code__"):
+            raise ValueError(f"{target} is not a Python function: name a function as package.module.function")
+        functions.append(function)
+
+    saved = [(f, f.__code__) for f in functions]
+    _ACTIVE.append((tuple(targets), message))
+    try:
+        for f in functions:
+            f.__code__ = _refuse.__code__
+        yield
+    finally:
+        _ACTIVE.pop()
+        for f, code in saved:
+            f.__code__ = code
