@@ -43,19 +43,24 @@ def test_build_rejects_bad_input():
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_every_built_schedule_is_valid_and_well_placed(name):
-    chunk_options = (2, 3) if name == "interleaved-1f1b" else (1,)
+    chunk_options = {"interleaved-1f1b": (2, 3), "dualpipev": (2,)}.get(name, (1,))
     for p in range(1, 7):
         for m in range(1, 13):
             for v in chunk_options:
                 try:
                     s = build_schedule(name, p, m, chunks=v)
                 except ValueError:
-                    assert name == "interleaved-1f1b"  # m that cannot be split into rounds
+                    # m that cannot be split into rounds, or fewer than 2p for dualpipev
+                    assert name == "interleaved-1f1b" or (name == "dualpipev" and m < 2 * p)
                     continue
                 s.validate()
+                def home(k: int) -> int:  # loop placement, or DualPipeV's V
+                    return (k if k < p else 2 * p - 1 - k) if name == "dualpipev" else k % p
+
                 for rank, row in enumerate(s.actions):
-                    assert all(a.virtual_stage % p == rank and a.chunk == a.virtual_stage // p for a in row)
-                    assert len(row) == (3 if s.split_backward else 2) * m * v
+                    assert all(home(a.virtual_stage) == rank and a.chunk == a.virtual_stage // p for a in row)
+                    if name != "dualpipev":  # dualpipev splits only some backwards
+                        assert len(row) == (3 if s.split_backward else 2) * m * v
 
 
 def _deepspeed_order(p: int, m: int, stage: int) -> list[str]:

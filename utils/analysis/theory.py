@@ -13,7 +13,8 @@ Two ways to express the bubble appear in the literature and they are easy to con
 * **bubble overhead** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
   on GPU Clusters Using Megatron-LM", section 2.2): bubble time divided by the *ideal*
   compute time ``m * t``. For GPipe and 1F1B this is ``(p - 1) / m``; interleaving ``v``
-  model chunks per device divides it by ``v``: ``(p - 1) / (v * m)``. It can exceed 1.
+  model chunks per device divides it by ``v``: ``(p - 1) / (v * m)``, **for m >= p** (see
+  `bubble_overhead_interleaved`). It can exceed 1.
 
 They describe the same bubble: ``ratio = overhead / (1 + overhead)``.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "bubble_overhead",
     "bubble_overhead_interleaved",
     "bubble_ratio_interleaved",
+    "bubble_time_zb_h1",
     "overhead_to_ratio",
     "makespan_uniform",
     "makespan_gpipe",
@@ -78,30 +80,64 @@ def bubble_overhead(p: int, m: int) -> float:
 
 
 def bubble_overhead_interleaved(p: int, m: int, v: int) -> float:
-    """Bubble time over ideal compute time for interleaved 1F1B: ``(p-1)/(v*m)``.
+    """Bubble time over ideal compute time for interleaved 1F1B: ``(p-1)/(v*m)`` when ``m >= p``.
 
     Narayanan et al. 2021: each of the ``p`` devices holds ``v`` model chunks (virtual
-    stages), so one fill/drain slot costs ``1/v`` of a non-interleaved slot. The price is
-    ``v`` times more point-to-point messages. Megatron's implementation additionally
-    requires ``m`` to be a multiple of ``p``; the formula does not check that.
+    stages), so one fill/drain slot costs ``1/v`` of a non-interleaved slot: the bubble time
+    is ``(p-1) * t / v`` with ``t = t_f + t_b`` per micro-batch and device. The price is
+    ``v`` times more point-to-point messages.
+
+    That holds only for ``m >= p``: a micro-batch that comes back to rank 0 for its next
+    chunk must find the rank free, and with fewer than ``p`` micro-batches in flight the
+    rank has run out of work first. Megatron-LM therefore refuses ``m < p`` (its original code
+    needs ``m % p == 0``); torch (and `build_schedule`) run it as one round of ``m``, and for
+    that order the bubble is ``((p-1) + (v-1)*(p-m)) * t / v``: each of the ``v - 1`` returns to
+    rank 0 waits ``p - m`` slots. This function returns that exact value for ``m < p`` (it
+    equals the simulator's). E.g. ``p=4, m=3, v=2, t=3``: the bubble is 6.0 time units
+    (overhead 6/9), not ``(p-1)*t/v = 4.5``; one micro-batch alone needs ``p * t``. For
+    ``v = 1`` both cases are ``(p-1)/m``.
     """
     p = validation.count("p", p, meaning="number of pipeline stages (devices)")
     m = validation.count("m", m, meaning="number of micro-batches")
     v = validation.count("v", v, meaning="model chunks per device")
-    return (p - 1) / (v * m)
+    slots = (p - 1) + (v - 1) * max(0, p - m)  # fill/drain slots of t/v each
+    return slots / (v * m)
 
 
 def bubble_ratio_interleaved(p: int, m: int, v: int) -> float:
-    """Idle share of the makespan for interleaved 1F1B: ``(p-1)/(v*m + p - 1)``.
+    """Idle share of the makespan for interleaved 1F1B: ``(p-1)/(v*m + p - 1)`` when ``m >= p``.
 
-    The same bubble as `bubble_overhead_interleaved`, expressed as a fraction of the total
-    makespan, so it can be compared with a measured `Metrics.bubble_ratio`. With ``v = 1``
-    it equals `bubble_ratio_1f1b`.
+    The same bubble as `bubble_overhead_interleaved` (including its exact value for
+    ``m < p``), expressed as a fraction of the total makespan, so it can be compared with a
+    measured `Metrics.bubble_ratio`. With ``v = 1`` it equals `bubble_ratio_1f1b`.
     """
-    p = validation.count("p", p, meaning="number of pipeline stages (devices)")
+    return overhead_to_ratio(bubble_overhead_interleaved(p, m, v))
+
+
+def bubble_time_zb_h1(p: int, m: int, forward: float, backward_input: float,
+                      backward_weight: float) -> float:
+    """Idle time per stage of ZB-H1 with equal stage costs: ``(p-1) * max(F+I-W, F, I)``.
+
+    The zero-bubble paper (Qi et al., ICLR 2024) introduces ZB-H1 with ``F = I = W``
+    (bubble one third of 1F1B's ``(p-1)(F+I+W)``); DeepSeek's DualPipe README lists ZB1P as
+    ``(p-1)(F+B-2W)`` with ``B = I + W``, i.e. ``(p-1)(F+I-W)``. That form holds only when
+    ``W <= min(F, I)``: a postponed W fills a gap no longer than the shorter of F and I. In
+    general the bubble is ``(p-1) * (F + I - min(F, I, W))`` = ``(p-1) * max(F+I-W, F, I)``,
+    e.g. p=2, F=1, I=2, W=2 gives 2.0, not 1.0. This general form is the workbook's finding
+    from the simulator (checked for p <= 6, p <= m <= 12 over a grid of costs in
+    tests/unit/test_theory.py), not a formula from the paper.
+
+    Requires ``m >= p``; with fewer micro-batches the warm-up never reaches a steady state
+    and the bubble is larger (simulate it), so ValueError.
+    """
+    p = validation.count("p", p, meaning="number of pipeline stages")
     m = validation.count("m", m, meaning="number of micro-batches")
-    v = validation.count("v", v, meaning="model chunks per device")
-    return (p - 1) / (v * m + p - 1)
+    f, i, w = _check_costs("forward, backward_input, backward_weight",
+                           [forward, backward_input, backward_weight])
+    if m < p:
+        raise ValueError(f"the ZB-H1 bubble formula needs m >= p (got m={m}, p={p}): with fewer "
+                         "micro-batches than stages the bubble is larger; use utils.simulate")
+    return (p - 1) * max(f + i - w, f, i)
 
 
 def overhead_to_ratio(overhead: float) -> float:

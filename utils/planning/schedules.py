@@ -11,9 +11,11 @@ Vocabulary (the one thing to get right with interleaved schedules):
 * **rank**: a pipeline process / GPU; one row of a timeline. ``Schedule.num_stages`` counts
   ranks, and ``Schedule.actions[rank]`` is that rank's order.
 * **virtual stage** (``Action.virtual_stage``): one model chunk, numbered along the model
-  ``0 .. num_stages * chunks - 1``. Virtual stage ``k`` lives on rank ``k % num_stages`` as
-  its local chunk ``k // num_stages`` (Megatron's and torch's "loop" placement). Without
-  interleaving (``chunks == 1``) virtual stage, rank and pipeline stage are the same number.
+  ``0 .. num_stages * chunks - 1``. Virtual stage ``k`` is local chunk ``k // num_stages`` of
+  rank ``k % num_stages`` (Megatron's and torch's "loop" placement), or, with
+  ``placement="v"`` (DualPipeV, two chunks), of rank ``k`` for ``k < p`` and ``2p - 1 - k``
+  after (`utils.planning.vshaped`). Without interleaving (``chunks == 1``) virtual stage,
+  rank and pipeline stage are the same number.
 * **chunk** (``Action.chunk``): the local chunk index on the rank, ``stage // num_stages``.
 
 Action strings follow torch: ``"<virtual stage><letter><micro-batch>"`` with F = forward,
@@ -26,18 +28,20 @@ string parses back to exactly one action.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Literal, get_args
 
 from utils import validation
+from utils.planning import vshaped
+from utils.planning.orders import interleaved_group_size, one_f_one_b
 
 from utils.timeline import COMPUTE_KINDS, KIND_LETTER, ComputeKind
 
 __all__ = ["Action", "SCHEDULE_NAMES", "Schedule", "ScheduleName", "build_schedule", "parse_action"]
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipev"]
 """Schedule names `build_schedule` knows."""
 SCHEDULE_NAMES: tuple[str, ...] = get_args(ScheduleName)
 
@@ -127,8 +131,8 @@ class Schedule:
 
     `actions[r]` is what rank ``r`` runs, in order. `num_stages` counts ranks (physical
     pipeline stages); `chunks` is the number of model chunks per rank (virtual stages per
-    rank, > 1 only for interleaved schedules), so the model has ``num_stages * chunks``
-    virtual stages.
+    rank, > 1 for interleaved schedules and DualPipeV), so the model has ``num_stages * chunks``
+    virtual stages, placed on ranks by `placement` (``"loop"`` or ``"v"``, see `rank_of`).
     """
 
     name: str
@@ -136,6 +140,13 @@ class Schedule:
     num_micro_batches: int
     chunks: int
     actions: tuple[tuple[Action, ...], ...]
+    placement: str = "loop"
+
+    def rank_of(self, virtual_stage: int) -> int:
+        """The rank holding `virtual_stage`: ``k % p`` ("loop"), or the V of DualPipeV ("v")."""
+        if self.placement == "v":
+            return vshaped.v_rank(virtual_stage, self.num_stages)
+        return virtual_stage % self.num_stages
 
     # --- structure -------------------------------------------------------------------------
     @property
@@ -149,7 +160,8 @@ class Schedule:
 
     @classmethod
     def from_strings(cls, rows: Sequence[Sequence[str] | str], *, name: str = "custom",
-                     chunks: int = 1, num_micro_batches: int | None = None) -> Schedule:
+                     chunks: int = 1, num_micro_batches: int | None = None,
+                     placement: str = "loop") -> Schedule:
         """Build a schedule from per-rank action strings, e.g. ``[["0F0", "0B0"], ...]``
         or ``["0F0 0B0", "1F0 1B0"]``; handy for hand-written schedules in a lab."""
         p = len(rows)
@@ -158,7 +170,7 @@ class Schedule:
                        for row in rows)
         if num_micro_batches is None:
             num_micro_batches = 1 + max((a.micro_batch for row in parsed for a in row), default=0)
-        return cls(name, p, num_micro_batches, chunks, parsed)
+        return cls(name, p, num_micro_batches, chunks, parsed, placement)
 
     # --- checking --------------------------------------------------------------------------
     def validate(self) -> None:
@@ -166,7 +178,7 @@ class Schedule:
 
         Complete: every virtual stage runs each micro-batch exactly once forward and either
         one full backward (B) or one input-gradient (I) plus one weight-gradient (W) pass.
-        Placed: an action sits on rank ``stage % num_stages``. Deadlock-free: running every
+        Placed: an action sits on rank `rank_of` its virtual stage. Deadlock-free: running every
         rank's list in order with zero costs, every action eventually finds its inputs ready
         (forward needs the previous virtual stage's forward; backward needs its own forward
         and the next virtual stage's backward; W needs its own I).
@@ -179,6 +191,9 @@ class Schedule:
         if p < 1 or m < 1 or v < 1:
             raise ValueError(f"schedule {self.name!r}: num_stages, num_micro_batches and chunks "
                              f"must be >= 1, got {p}, {m}, {v}")
+        if self.placement not in ("loop", "v") or (self.placement == "v" and v != 2):
+            raise ValueError(f"schedule {self.name!r}: placement must be 'loop', or 'v' with "
+                             f"chunks=2; got {self.placement!r} with chunks={v}")
         if len(self.actions) != p:
             raise ValueError(f"schedule {self.name!r} lists {len(self.actions)} ranks, "
                              f"num_stages is {p}")
@@ -197,8 +212,8 @@ class Schedule:
                     problems.append(f"rank {r}: {a} is outside {vs} virtual stages x {m} "
                                     "micro-batches")
                     continue
-                if k % p != r or a.chunk != k // p:
-                    problems.append(f"rank {r}: {a} (chunk {a.chunk}) belongs on rank {k % p} "
+                if self.rank_of(k) != r or a.chunk != k // p:
+                    problems.append(f"rank {r}: {a} (chunk {a.chunk}) belongs on rank {self.rank_of(k)} "
                                     f"as chunk {k // p}")
                 slot = code[a.kind] + k * m + mb
                 if where[slot] >= 0:
@@ -346,7 +361,8 @@ class Schedule:
 
     def __repr__(self) -> str:
         return (f"Schedule({self.name!r}, num_stages={self.num_stages}, "
-                f"num_micro_batches={self.num_micro_batches}, chunks={self.chunks})")
+                f"num_micro_batches={self.num_micro_batches}, chunks={self.chunks}"
+                + (f", placement={self.placement!r})" if self.placement != "loop" else ")"))
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:  # IPython/Jupyter: show the grid
         printer.text(repr(self) if cycle else str(self))
@@ -356,6 +372,7 @@ class Schedule:
         width = max([len(c) for row in table for c in row] + [6])
         head = (f"{self.name}: {self.num_stages} ranks, {self.num_micro_batches} micro-batches"
                 + (f", {self.chunks} chunks per rank" if self.chunks > 1 else "")
+                + (" in a V" if self.placement == "v" else "")
                 + " (one row per unit-time slot; '.' = idle)")
         lines = [head, "slot  " + " ".join(f"rank {r}".ljust(width) for r in range(self.num_stages))]
         for t, row in enumerate(table):
@@ -364,48 +381,13 @@ class Schedule:
 
 
 # --- generators ------------------------------------------------------------------------------
-def interleaved_group_size(num_stages: int, num_micro_batches: int) -> int:
-    """Micro-batches per round of interleaved 1F1B, as torch computes it.
-
-    Megatron needs ``m % p == 0`` and runs rounds of ``p`` micro-batches; torch relaxes this
-    to ``rounds = max(1, m // p)`` rounds of ``m // rounds`` micro-batches, which needs
-    ``m % rounds == 0`` (e.g. p=4 allows m=3, 4, 6, 8, 10 but not 9). We follow torch.
-    """
-    rounds = max(1, num_micro_batches // num_stages)
-    if num_micro_batches % rounds:
-        raise ValueError(
-            f"interleaved-1f1b with {num_stages} ranks cannot run {num_micro_batches} "
-            f"micro-batches: they must split into {rounds} equal rounds (torch's rule; "
-            f"Megatron needs a multiple of {num_stages})")
-    return num_micro_batches // rounds
-
-
-def _one_f_one_b(fwd: Callable[[int], Action], bwd: Callable[[int], Action], warmup: int,
-                 total: int, weight: Callable[[int], Action] | None = None,
-                 delay: int = 0) -> tuple[Action, ...]:
-    """Warm-up forwards, then forward/backward pairs, then the remaining backwards.
-
-    With `weight` (split backward), the weight pass of backward ``j - delay`` follows
-    backward ``j``; the `delay` passes left over run at the very end.
-    """
-    ops: list[Action] = [fwd(i) for i in range(warmup)]
-    for j in range(total):
-        if warmup + j < total:
-            ops.append(fwd(warmup + j))
-        ops.append(bwd(j))
-        if weight is not None and j >= delay:
-            ops.append(weight(j - delay))
-    if weight is not None:
-        ops.extend(weight(j) for j in range(max(0, total - delay), total))
-    return tuple(ops)
-
-
 @lru_cache(maxsize=1 << 16)
 def _action(stage: int, kind: str, micro_batch: int, chunk: int) -> Action:
     return Action(stage, kind, micro_batch, chunk)  # shared: actions are immutable
 
 
-def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, *, chunks: int = 1) -> Schedule:
+def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, *,
+                   chunks: int | None = None) -> Schedule:
     """The schedule `name` for `num_stages` ranks and `num_micro_batches` micro-batches.
 
     * ``"gpipe"``: all forwards, then all backwards in micro-batch order 0..m-1.
@@ -419,6 +401,11 @@ def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, 
       then fill the drain bubble. Peak activations (released at W) are ``p`` micro-batches
       on every rank, the same peak as 1F1B's first rank. Same order as torch's
       ``ScheduleInterleavedZeroBubble`` with one chunk per rank.
+    * ``"dualpipev"``: DualPipeV, two chunks per rank in a V (``placement="v"``), at least
+      ``2p`` micro-batches; torch's ``ScheduleDualPipeV`` order (`utils.planning.vshaped`).
+
+    `chunks` defaults to what the schedule runs (2 for dualpipev, 1 otherwise); interleaved
+    1F1B needs it given (>= 2).
     """
     key = name.lower().strip() if isinstance(name, str) else name
     if key not in SCHEDULE_NAMES:
@@ -427,12 +414,18 @@ def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, 
     # would otherwise answer build_schedule(name, True, ...).
     p = validation.count("num_stages", num_stages)
     m = validation.count("num_micro_batches", num_micro_batches)
-    v = validation.count("chunks", chunks)
+    v = validation.count("chunks", chunks if chunks is not None else 2 if key == "dualpipev" else 1)
     return _build(key, p, m, v)
 
 
 @lru_cache(maxsize=1024)
 def _build(key: str, p: int, m: int, v: int) -> Schedule:
+    if key == "dualpipev":
+        if v != 2:
+            raise ValueError(f"dualpipev runs exactly 2 model chunks per rank, got chunks={v}")
+        rows = tuple(tuple(_action(k, kind, mb, k // p) for k, kind, mb in row)
+                     for row in vshaped.dualpipev_order(p, m))
+        return Schedule(key, p, m, v, rows, placement="v")
     if key == "interleaved-1f1b":
         if v < 2:
             raise ValueError("interleaved-1f1b needs chunks >= 2 model chunks per rank; "
@@ -440,7 +433,7 @@ def _build(key: str, p: int, m: int, v: int) -> Schedule:
         group = interleaved_group_size(p, m)
     elif v != 1:
         raise ValueError(f"{key} runs one model chunk per rank (chunks=1), got chunks={v}; "
-                         "use 'interleaved-1f1b' for several")
+                         "use 'interleaved-1f1b' or 'dualpipev' for several")
     rows = []
     for r in range(p):
         def act(kind: str, k: int, mb: int) -> Action:
@@ -449,10 +442,10 @@ def _build(key: str, p: int, m: int, v: int) -> Schedule:
             row = tuple(act("forward", r, i) for i in range(m)) + \
                 tuple(act("backward", r, j) for j in range(m))
         elif key == "1f1b":
-            row = _one_f_one_b(lambda i: act("forward", r, i), lambda j: act("backward", r, j),
+            row = one_f_one_b(lambda i: act("forward", r, i), lambda j: act("backward", r, j),
                                min(p - r - 1, m), m)
         elif key == "zb-h1":
-            row = _one_f_one_b(lambda i: act("forward", r, i),
+            row = one_f_one_b(lambda i: act("forward", r, i),
                                lambda j: act("backward_input", r, j), min(p - r - 1, m), m,
                                weight=lambda j: act("backward_weight", r, j), delay=r)
         else:  # interleaved: op i of a kind -> (chunk, micro-batch) in rounds of `group`
@@ -468,6 +461,6 @@ def _build(key: str, p: int, m: int, v: int) -> Schedule:
                 c, mb = place(j, True)
                 return act("backward", c * p + r, mb)
             warmup = min((v - 1) * group + 2 * (p - 1 - r), v * m)
-            row = _one_f_one_b(fwd, bwd, warmup, v * m)
+            row = one_f_one_b(fwd, bwd, warmup, v * m)
         rows.append(row)
     return Schedule(key, p, m, v, tuple(rows))

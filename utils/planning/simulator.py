@@ -44,7 +44,7 @@ def cost_table(costs: Costs, *, name: str, num_virtual_stages: int, num_micro_ba
         except TypeError:
             raise TypeError(f"{name} must be a number or a sequence, got {costs!r}") from None
         if len(rows) != vs:
-            what = (f"{vs} values, one per virtual stage (index k = chunk * ranks + rank)"
+            what = (f"{vs} values, one per virtual stage in model order"
                     if chunks > 1 else f"{vs} values, one per stage")
             raise ValueError(f"{name} needs {what}; got {len(rows)}")
         table = []
@@ -82,13 +82,13 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
     """Simulate `schedule` with the given costs (seconds) and return its `Timeline`.
 
     Costs (`forward`, `backward`, `weight`) are each a scalar, a sequence with one value per
-    virtual stage (``num_stages * chunks`` values, virtual stage ``k`` on rank
-    ``k % num_stages``), or a nested ``[stage][micro_batch]`` sequence.
+    virtual stage (``num_stages * chunks`` values in model order; virtual stage ``k`` runs on
+    rank ``schedule.rank_of(k)``), or a nested ``[stage][micro_batch]`` sequence.
 
-    Backward: for a split schedule (zb-h1), `backward` is the input-gradient pass I and
-    `weight` the weight-gradient pass W (required). For other schedules a full backward B
-    costs ``backward + weight`` (weight defaults to 0), so the same three numbers compare a
-    split and an unsplit schedule fairly.
+    Backward: for a split schedule (zb-h1, dualpipev), `backward` is the input-gradient pass
+    I and `weight` the weight-gradient pass W (required). A full backward B costs
+    ``backward + weight`` (weight defaults to 0), in every schedule, so the same three
+    numbers compare a split and an unsplit schedule fairly (dualpipev mixes both).
 
     `comm` is the latency (seconds) of handing an activation or a gradient to another rank.
 
@@ -96,13 +96,14 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
     ``step = 0``, `kind` and `micro_batch` as in the action, ``chunk`` = local model chunk.
     ``timeline.meta`` holds:
 
-    * ``"schedule"``, ``"chunks"``, ``"comm"``: what was simulated;
+    * ``"schedule"``, ``"chunks"``, ``"placement"``, ``"comm"``: what was simulated;
     * ``"activation_memory"``: per rank, a list of ``(time, held)`` step points, the first
-      at time 0.0; `held` stays until the next point (changes at the same instant are netted). A micro-batch's activations on a
-      virtual stage are taken at the start of its forward and freed at the end of its B (or
-      W when split), counting `activation_bytes` for that virtual stage (a scalar or one
-      value per virtual stage); with ``activation_bytes=None`` each counts 1, so the unit is
-      micro-batches. ``"activation_memory_unit"`` says which.
+      at time 0.0; `held` stays until the next point (changes at the same instant are
+      netted). A micro-batch's activations on a virtual stage are taken at the start of its
+      forward and freed at the end of its B (or its W when that backward is split),
+      counting `activation_bytes` for that virtual stage (a scalar or one value per virtual
+      stage); with ``activation_bytes=None`` each counts 1, so the unit is micro-batches.
+      ``"activation_memory_unit"`` says which.
     * ``"peak_activation_memory"``: per rank, the maximum of the above.
     """
     plan = schedule._plan  # validates (ValueError on an incomplete or deadlocking schedule)
@@ -136,12 +137,14 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
               for a, r, s, e in zip(plan.actions, plan.rank, start, end)]
 
     per_stage_bytes, unit = _bytes_per_stage(activation_bytes, vs)
-    freeing = "backward_weight" if split else "backward"
+    # freed by the pass that last reads them: a full backward B, or W after a split I
+    # (dualpipev mixes both, so the kind of each action decides, not the schedule's)
+    freeing = ("backward", "backward_weight")
     changes: list[list[tuple[float, float]]] = [[] for _ in range(p)]
     for a, r, s, e in zip(plan.actions, plan.rank, start, end):
         if a.kind == "forward":
             changes[r].append((s, per_stage_bytes[a.virtual_stage]))
-        elif a.kind == freeing:
+        elif a.kind in freeing:
             changes[r].append((e, -per_stage_bytes[a.virtual_stage]))
     memory, peaks = [], []
     for rank_changes in changes:
@@ -155,7 +158,7 @@ def simulate(schedule: Schedule, forward: Costs, backward: Costs, *,
                 points.append((t, level))
         memory.append(points)
         peaks.append(max(level for _, level in points))
-    meta = {"schedule": schedule.name, "chunks": v, "comm": comm,
+    meta = {"schedule": schedule.name, "chunks": v, "placement": schedule.placement, "comm": comm,
             "activation_memory": memory, "activation_memory_unit": unit,
             "peak_activation_memory": peaks}
     return Timeline(events=tuple(events), num_stages=p, num_micro_batches=m,

@@ -77,7 +77,12 @@ def measured_stage_costs(timeline: Timeline, step: int | None = None) -> StageCo
 
     With data parallelism the durations of all replicas of a stage pool together; for the
     latency, the i-th rank (in rank order) of one stage talks to the i-th rank of the next.
+    Chunks are read in the loop placement (virtual stage ``chunk * p + stage``); a timeline
+    whose ``meta["placement"]`` is ``"v"`` (DualPipeV) is refused.
     """
+    if timeline.meta.get("placement", "loop") != "loop":
+        raise ValueError(f"the timeline places its chunks {timeline.meta['placement']!r} (DualPipeV's V); "
+                         "calibration reads chunks in the loop placement only")
     steps = _pick_steps(timeline, step)
     if not steps:
         raise ValueError("the timeline has no events to calibrate from")
@@ -171,7 +176,7 @@ def predict_from_timeline(timeline: Timeline, *, micro_batches: int | None = Non
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"cannot simulate schedule {name!r} (from the timeline's meta); pass "
                          f"schedule= one of {', '.join(SCHEDULE_NAMES)}")
-    chunks = (costs.chunks if costs.chunks > 1 else 2) if name == "interleaved-1f1b" else 1
+    chunks = {"interleaved-1f1b": costs.chunks if costs.chunks > 1 else 2, "dualpipev": 2}.get(name, 1)
     m = timeline.num_micro_batches if micro_batches is None else micro_batches
     target = build_schedule(name, timeline.num_stages, m, chunks=chunks)
     if (forward is None or backward is None) and costs.chunks != chunks:

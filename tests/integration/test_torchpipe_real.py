@@ -1,0 +1,89 @@
+"""A real torch.distributed.pipelining run (2 CPU ranks, gloo): its traced timeline is the
+schedule the workbook builds, and failures end fast without leaving a process behind."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from utils.jobs.torchpipe import TorchPipelineFailed, run_torch_pipeline
+
+pytestmark = pytest.mark.integration
+
+ALL = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipev")
+
+
+def _rank_processes() -> list[psutil.Process]:
+    """Live children of this test process that run the rank program."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "utils.runtime.torchpipe" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_every_schedule_runs_and_its_timeline_is_the_schedule():
+    m, steps = 4, 3
+    run = run_torch_pipeline(ALL, ranks=2, micro_batches=m, chunks=2, hidden=256,
+                             micro_batch_size=32, steps=steps, timeout=120)
+    assert not _rank_processes()
+    assert list(run.timelines) == list(ALL)
+    for name, timeline in run.timelines.items():
+        schedule = run.schedule(name)
+        v = schedule.chunks
+        assert timeline.source == "measured" and timeline.steps == list(range(steps))
+        assert timeline.meta["runtime"] == "torch.distributed.pipelining"
+        for rank in range(2):
+            for step in range(steps):
+                events = timeline.select(step=step, stage=rank)
+                # one event per compute action of the schedule, in the schedule's order
+                assert run.actions(name, rank, step) == [str(a) for a in schedule.actions[rank]], (name, rank, step)
+                assert len(events) == len(schedule.actions[rank])
+                assert all(e.rank == rank and e.end >= e.start for e in events)
+                forwards = [e.micro_batch for e in events if e.kind == "forward"]
+                assert sorted(forwards) == sorted(list(range(m)) * v)  # every micro-batch, once per chunk
+                kinds = {e.kind for e in events}
+                expected = {"gpipe": {"forward", "backward"}, "1f1b": {"forward", "backward"},
+                            "interleaved-1f1b": {"forward", "backward"},
+                            "zb-h1": {"forward", "backward_input", "backward_weight"},
+                            "dualpipev": {"forward", "backward", "backward_input", "backward_weight"}}[name]
+                assert kinds == expected, (name, kinds)
+        # ranks overlap in time: a pipeline, not two runs one after the other
+        step1 = timeline.for_step(1)
+        ends = [max(e.end for e in step1.select(stage=r)) for r in range(2)]
+        starts = [min(e.start for e in step1.select(stage=r)) for r in range(2)]
+        assert starts[1] < ends[0] and starts[0] < ends[1]
+        assert len(run.losses[name]) == steps
+    # same seeded model and data: every schedule computes the same losses
+    reference = run.losses["1f1b"]
+    assert all(later < earlier for earlier, later in zip(reference, reference[1:]))  # it trains
+    for name in ALL:
+        assert run.losses[name] == pytest.approx(reference, rel=1e-5), name
+    # the simulator's prediction from the measured costs is a model of the same run
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"):
+        measured, predicted = run.timelines[name].metrics(), run.predict(name).metrics()
+        assert 0.5 < measured.makespan / predicted.makespan < 10, name
+
+
+def test_a_failing_rank_ends_the_run_fast_and_leaves_no_process():
+    started = time.monotonic()
+    with pytest.raises(TorchPipelineFailed, match="injected fault on rank 1") as caught:
+        run_torch_pipeline(("1f1b",), ranks=2, micro_batches=2, hidden=64, micro_batch_size=4,
+                           steps=2, timeout=90, fault_rank=1)
+    assert "rank 1" in str(caught.value)
+    assert time.monotonic() - started < 60  # rank 0 waits in recv; it is ended, not waited for
+    assert not _rank_processes()
+
+
+def test_the_time_limit_ends_every_rank():
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 0.5 s"):
+        run_torch_pipeline(("1f1b",), ranks=2, micro_batches=2, hidden=64, micro_batch_size=4,
+                           steps=2, timeout=0.5)
+    assert time.monotonic() - started < 15
+    assert not _rank_processes()

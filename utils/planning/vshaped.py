@@ -1,0 +1,102 @@
+"""V-shaped placement and the DualPipeV order, as plain tuples.
+
+DualPipeV (the "cut-in-half" variant of DeepSeek-V3's DualPipe, see the DualPipe README)
+runs ``2 * p`` virtual stages on ``p`` ranks in a **V**: rank ``r`` holds virtual stage ``r``
+(chunk 0, activations flow towards the last rank) and virtual stage ``2p - 1 - r`` (chunk 1,
+flowing back), so rank 0 holds both the first and the last virtual stage, and the hand-over
+from virtual stage ``p - 1`` to ``p`` stays on the last rank.
+
+`dualpipev_order` gives every rank's compute order: the same actions, in the same order, as
+torch's ``ScheduleDualPipeV.pipeline_order`` (torch 2.13, itself after DeepSeek's reference
+code), with each overlapped forward+backward pair (torch's ``OVERLAP_F_B``) written as its
+two actions, forward first, which is how torch's runtime executes them unless a custom
+overlap function is registered. Most backwards are full (``"backward"``); the first warm-up
+ones and the last ones of the drain are split into an input pass and a later weight pass.
+
+This module imports nothing from `utils.planning.schedules` (which imports it): it speaks
+in ``(virtual_stage, kind, micro_batch)`` tuples; `build_schedule("dualpipev", ...)` turns
+them into a `Schedule`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["v_rank", "dualpipev_order"]
+
+Op = tuple[int, str, int]
+"""``(virtual stage, kind, micro-batch)``, kind one of forward/backward/backward_input/backward_weight."""
+
+
+def v_rank(virtual_stage: int, num_stages: int) -> int:
+    """The rank that holds `virtual_stage` in the V placement: ``k`` for ``k < p``, else ``2p - 1 - k``."""
+    k, p = virtual_stage, num_stages
+    if not 0 <= k < 2 * p:
+        raise ValueError(f"virtual stage {k} is outside 0..{2 * p - 1} (V placement on {p} ranks)")
+    return k if k < p else 2 * p - 1 - k
+
+
+def dualpipev_order(num_stages: int, num_micro_batches: int) -> tuple[tuple[Op, ...], ...]:
+    """Every rank's DualPipeV compute order; needs ``num_micro_batches >= 2 * num_stages``
+    (torch and DeepSpeed refuse fewer)."""
+    p, m = num_stages, num_micro_batches
+    if m < 2 * p:
+        raise ValueError(f"dualpipev needs at least 2 * {p} = {2 * p} micro-batches (one per "
+                         f"virtual stage, as torch and DeepSpeed require), got {m}")
+    return tuple(_rank_order(p, m, r) for r in range(p))
+
+
+def _rank_order(p: int, m: int, r: int) -> tuple[Op, ...]:
+    """Rank `r`'s order, in the eight phases of the reference schedule."""
+    down, up = r, 2 * p - 1 - r  # chunk 0 (towards the last rank) and chunk 1 (back to rank 0)
+    ops: list[Op] = []
+    next_forward = {down: 0, up: 0}
+    next_backward = {down: 0, up: 0}  # the next micro-batch whose backward (B or I) runs
+    pending_weight: list[tuple[int, int]] = []  # (stage, micro-batch) whose I ran, W not yet
+
+    def forward(stage: int) -> None:
+        ops.append((stage, "forward", next_forward[stage]))
+        next_forward[stage] += 1
+
+    def backward(stage: int, split: bool = False) -> None:
+        mb = next_backward[stage]
+        next_backward[stage] += 1
+        ops.append((stage, "backward_input" if split else "backward", mb))
+        if split:
+            pending_weight.append((stage, mb))
+
+    def weight() -> None:  # the oldest pending weight pass, if any
+        if pending_weight:
+            stage, mb = pending_weight.pop(0)
+            ops.append((stage, "backward_weight", mb))
+
+    for _ in range(2 * (p - r - 1)):  # 1: forwards of chunk 0 only
+        forward(down)
+    for _ in range(r + 1):  # 2: both chunks forward
+        forward(down)
+        forward(up)
+    for _ in range(p - r - 1):  # 3: split backward of chunk 1, its weight at once, a forward
+        backward(up, split=True)
+        weight()
+        forward(up)
+    for _ in range(m - 2 * p + r + 1):  # 4: steady state, forward of one chunk + backward of the other
+        forward(down)  # (torch's rank p - 1 does not overlap the first pair; same order here)
+        backward(up)
+        forward(up)
+        backward(down)
+    for _ in range(p - r - 1):  # 5
+        backward(up)
+        forward(up)
+        backward(down)
+    split = False  # 6: both chunks backward; the second half of them split (zero bubble)
+    for i in range(r + 1):
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        backward(up, split)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        backward(down, split)
+    for _ in range(p - r - 1):  # 7: weight passes fill the drain between chunk-0 backwards
+        weight()
+        backward(down, split)
+    for _ in range(r + 1):  # 8: the remaining weight passes
+        weight()
+    return tuple(ops)
