@@ -23,6 +23,28 @@ answers_first   correct answers, all in one cell at the top of the notebook, abo
                 cells (it runs top to bottom; an honest layout that must keep full marks)
 garbage         not a notebook at all
 ==============  =====================================================================
+
+Attacks (issue 14), each against the judge that runs the checks outside the kernel, and the
+honest variants that must keep full marks:
+
+=================  ==================================================================
+patched_reference  lab02: partly_wrong answers, and ``utils.compute_metrics`` patched in the
+                   kernel to agree with them (the checks' reference lives in the judge)
+frame_reader       lab02: bubble_ratio walks ``sys._getframe`` up the stack for the check's
+                   expected value and writes into the frames' globals
+history_leak       lab02: bubble_ratio raises an error carrying the kernel's input history and
+                   whatever it can read of solutions/ (the hidden checks never enter the
+                   kernel; feedback for a hidden check shows no student message)
+runner_swap        lab02: partly_wrong answers; the kernel side of the grader
+                   (``student_side``) is replaced, through ``importlib`` and a module name
+                   built at run time, by one that fabricates every reply
+code_saver         lab03: balanced_partition runs the library's algorithm from code objects
+                   saved before the ban (a bypass that must be flagged for review)
+other_algorithm    lab03: a different correct algorithm (binary search over contiguous sums)
+helper_early       lab03: library helpers imported at the top of the first answer cell, the
+                   allowed ones used
+answers_moved      lab03: the first answer cell moved to the end of the notebook
+=================  ==================================================================
 """
 
 from __future__ import annotations
@@ -93,6 +115,123 @@ RAISING = {
 LOOPING = {"lab02_metrics_from_events": "bubble_ratio", "lab03_balanced_partition": "speedup_over_uniform"}
 
 
+PATCHED_REFERENCE = '''
+import dataclasses
+
+import utils
+import utils.analysis.metrics as _metrics
+
+_real_metrics = _metrics.compute_metrics
+
+
+def _agreeing_metrics(timeline, step=None, **options):
+    # The library's answer, rewritten to agree with this notebook's (wrong) functions.
+    real = _real_metrics(timeline, step=step, **options)
+    events = timeline.select(step=step)
+    return dataclasses.replace(real, stage_utilisation=tuple(stage_utilisation(events, timeline.num_stages)),
+                               bubble_ratio=bubble_ratio(events, timeline.num_stages))
+
+
+utils.compute_metrics = _metrics.compute_metrics = _agreeing_metrics
+'''
+
+FRAME_READER = '''
+def bubble_ratio(events, num_stages):
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None:
+        for name in ("want", "reference", "expected"):
+            value = frame.f_globals.get(name)
+            if value is not None:
+                return float(getattr(value, "bubble_ratio", value))
+        frame.f_globals["want"] = 0.5  # and try to plant an expectation for the check
+        frame = frame.f_back
+    return 0.0
+'''
+
+HISTORY_LEAK = '''
+def bubble_ratio(events, num_stages):
+    import pathlib
+    import utils
+    try:
+        root = pathlib.Path(utils.__file__).resolve().parents[1]
+        seen = (root / "solutions" / "lab02_metrics_from_events.ipynb").read_text()
+    except OSError as error:
+        seen = f"[solutions: {error}]"
+    raise RuntimeError(seen + "\\n".join(globals().get("In", [])) + repr(globals().get("_ih", "")))
+'''
+
+
+RUNNER_SWAP = '''
+import importlib
+
+from IPython.display import publish_display_data
+
+_side = importlib.import_module("utils.grad" + "ing.student_" + "side")
+
+
+def _fabricated(*args, **kwargs):
+    publish_display_data({_side.REPLY_MIME: {"value": "0.5"}})
+
+
+def _all_there(names):
+    publish_display_data({_side.REPLY_MIME: {"names": {n: {"kind": "callable"} for n in names}}})
+
+
+_side.call, _side.describe = _fabricated, _all_there
+'''
+
+CODE_SAVER = '''
+import types
+
+import utils.planning.partitioning as _library
+
+# Saved before any check: the ban swaps the functions' __code__ later and cannot reach this copy.
+_minmax_code, _minmax_defaults = _library._minmax.__code__, _library._minmax.__defaults__
+
+
+def balanced_partition(costs, num_stages):
+    minmax = types.FunctionType(_minmax_code, vars(_library), "_minmax", _minmax_defaults)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    return [int(b) for b in minmax(len(costs), num_stages, lambda s, a, b: prefix[b] - prefix[a])[1]]
+'''
+
+OTHER_ALGORITHM = '''
+def balanced_partition(costs, num_stages):
+    """Binary search over every contiguous sum for the smallest feasible bottleneck."""
+    n, p = len(costs), num_stages
+    if not 1 <= p <= n:
+        raise ValueError(f"num_stages must lie in [1, {n}], got {p}")
+    candidates = sorted({sum(costs[i:j]) for i in range(n) for j in range(i + 1, n + 1)})
+
+    def greedy(limit):
+        parts, start = [0], 0
+        for i in range(1, n + 1):
+            if sum(costs[start:i]) > limit:
+                if i - 1 == start:
+                    return None
+                parts.append(i - 1)
+                start = i - 1
+        parts.append(n)
+        return parts if len(parts) - 1 <= p else None
+
+    lo, hi = 0, len(candidates) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if greedy(candidates[mid]) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    parts = greedy(candidates[lo])
+    spare = [b for b in range(1, n) if b not in parts]
+    while len(parts) - 1 < p:  # fewer stages than asked: split anywhere, never slower
+        parts = sorted(parts + [spare.pop()])
+    return parts
+'''
+
+
 def solution_code(source: str) -> str:
     """An answer cell's solution with the region markers removed."""
     return "\n".join(line for line in source.splitlines()
@@ -145,6 +284,29 @@ def build(lab: LabSource, kind: str) -> str:
         for task in lab.tasks:
             answers[task] = _signature(lab, task) + "\n    return AlwaysEqual()"
         answers[first] = LIAR.strip() + "\n\n\n" + answers[first]
+    elif kind == "patched_reference":
+        answers.update({task: code.strip() for task, code in wrong.items()})
+        first = next(iter(lab.tasks))
+        answers[first] = PATCHED_REFERENCE.strip() + "\n\n\n" + answers[first]
+    elif kind == "frame_reader":
+        answers["bubble_ratio"] = FRAME_READER.strip()
+    elif kind == "history_leak":
+        answers["bubble_ratio"] = HISTORY_LEAK.strip()
+    elif kind == "runner_swap":
+        answers.update({task: code.strip() for task, code in wrong.items()})
+        first = next(iter(lab.tasks))
+        answers[first] = answers[first] + "\n\n\n" + RUNNER_SWAP.strip()
+    elif kind == "code_saver":
+        answers["balanced_partition"] = CODE_SAVER.strip()
+    elif kind == "other_algorithm":
+        answers["balanced_partition"] = OTHER_ALGORITHM.strip()
+    elif kind == "helper_early":
+        first = next(iter(lab.tasks))
+        answers[first] = ("from utils import bottleneck, partition_layers, stage_costs\n\n\n" + answers[first])
+        answers["speedup_over_uniform"] = (
+            _signature(lab, "speedup_over_uniform")
+            + "\n    uniform = partition_layers(costs, num_stages, method=\"uniform\")"
+            + "\n    return float(bottleneck(costs, uniform) / max(stage_loads(costs, balanced_partition(costs, num_stages))))")
     elif kind == "aliased":
         answers["balanced_partition"] = ("from utils import partition_layers as p\n\n\n"
                                          + _signature(lab, "balanced_partition")
@@ -163,6 +325,9 @@ def build(lab: LabSource, kind: str) -> str:
         together = next(c for c in cells if _is(c, "answer"))
         together = {**together, "source": "\n\n\n".join(answers.values())}
         cells = [together] + [c for c in cells if not _is(c, "answer")]
+    if kind == "answers_moved":
+        first = next(c for c in cells if _is(c, "answer"))
+        cells = [c for c in cells if c is not first] + [first]
     if kind == "metadata_lost":
         cells = [{k: v for k, v in c.items() if k not in ("metadata", "id")} for c in cells]
         nb["metadata"] = {}

@@ -35,6 +35,11 @@ EXPECTED = {
     "liar": NONE,
     "empty": NONE,
     "metadata_lost": FULL,
+    # Attacks: the checks' reference values and helpers live in the judge, out of reach.
+    "patched_reference": PARTLY,  # utils.compute_metrics patched in the kernel to agree
+    "frame_reader": {**FULL, "bubble_ratio": 0},  # found no expected value up the stack
+    "history_leak": {**FULL, "bubble_ratio": 0},
+    "runner_swap": NONE,  # the kernel side of the grader replaced: it can only fabricate its own answers
 }
 
 
@@ -78,6 +83,21 @@ def test_score_of_each_kind_of_submission(graded, kind):
 def test_submissions_reuse_the_recorded_run(graded):
     results, _ = graded
     assert max(r.seconds for kind, r in results.items() if kind != "looping") < 60
+
+
+def test_attacks_steal_nothing_leak_nothing_and_are_flagged(graded):
+    results, out = graded
+    leak = {c.id: c for c in results["history_leak"].checks}
+    # The public check shows the student's own message: their cells, and no solutions/ (hidden
+    # by the sandbox); the kernel's history holds no check (checks never run there).
+    message = leak["bubble_public"].message
+    assert message.startswith("你的函数抛出了 RuntimeError: [solutions: ") and "SPEC = utils.JobSpec" in message
+    for word in ("utils.grading", "student_side", "HIDDEN", "want = utils.compute_metrics"):
+        assert word not in message
+    assert "RuntimeError" in leak["bubble_hidden"].message and "def " not in leak["bubble_hidden"].message
+    assert any("importlib" in note for note in results["runner_swap"].review)
+    assert any("_getframe" in note for note in results["frame_reader"].review)
+    assert results["correct"].review == []
 
 
 def test_grades_and_feedback(graded):

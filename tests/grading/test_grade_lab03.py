@@ -30,10 +30,15 @@ EXPECTED = {
     "empty": NONE,
     "metadata_lost": FULL,
     "answers_first": FULL,
-    # Calls the library through an alias: before, the checks only replaced the module's name and
-    # the alias slipped through with full marks; now the two checks that forbid it (random
-    # instances 2, large instance 1) fail.
-    "aliased": {**FULL, "balanced_partition": 3},  # before: 5/10, its checks ran before the set-up defined their data
+    # Calls the library through an alias: the two checks that forbid it (random instances 2,
+    # large instance 1) fail, because the ban swaps the functions' code inside the kernel.
+    "aliased": {**FULL, "balanced_partition": 3},
+    # Runs the library's algorithm from a code object saved before the ban: it escapes the ban
+    # (and fails only the edge cases it does not check), and is flagged for review (see below).
+    "code_saver": {**FULL, "balanced_partition": 5},
+    "other_algorithm": FULL,  # honest variants
+    "helper_early": FULL,
+    "answers_moved": FULL,
     "garbage": NONE,  # not a notebook
     "no_notebook": NONE,  # a submission folder without a notebook
 }
@@ -106,6 +111,15 @@ def test_an_object_equal_to_everything_earns_nothing(graded):
     results, _, _ = graded
     assert all(c.status == "error" for c in results["liar"].checks)
     assert any("应返回" in c.message for c in results["liar"].checks)  # the instructor's type message
+
+
+def test_tampering_with_the_library_ban_is_flagged_for_review_with_the_reason(graded):
+    results, out, _ = graded
+    assert any("__code__" in note and "library ban" in note for note in results["code_saver"].review)
+    rows = {r["student"]: r for r in csv.DictReader((out / "grades.csv").open(encoding="utf-8"))}
+    assert "review: " in rows["code_saver"]["notes"] and "__code__" in rows["code_saver"]["notes"]
+    for honest in ("correct", "other_algorithm", "helper_early", "answers_moved", "answers_first"):
+        assert results[honest].review == [], (honest, results[honest].review)
 
 
 def test_errors_in_hidden_checks_show_the_type_only(graded):

@@ -8,7 +8,7 @@ module attribute), because the function's *code* is swapped, not a name.
 
 This is a rule for honest students, not a wall: code in the student's kernel can save a
 function's code object beforehand. Tokens such as ``__code__`` in a submission are flagged
-for review (`grade.REVIEW_TOKENS`).
+for review (`grade.REVIEW_SIGNS`).
 """
 
 from __future__ import annotations

@@ -191,6 +191,8 @@ class _Decoder:
 def decode(text: str | bytes, *, resolve=StudentFunction) -> Any:
     """The value `encode` wrote. `resolve(name)` builds what a function reference becomes
     on this side. Raises ValueError for text that is not what `encode` writes."""
+    if not isinstance(text, (str, bytes)):
+        raise ValueError(f"not a grading message: {type(text).__name__}")
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:

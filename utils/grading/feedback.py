@@ -134,6 +134,6 @@ def write_csv(path: Path, results: Sequence[SubmissionResult], lab: LabSource) -
             if timeouts:
                 notes.append(f"timeouts: {timeouts}")
             if r.review:
-                notes.append("review: " + ", ".join(r.review))
+                notes.append("review: " + "; ".join(r.review))
             writer.writerow([r.student, *(fmt(per_task.get(t, 0)) for t in tasks), fmt(r.total),
                              fmt(lab.max_points), f"{r.seconds:.1f}", "; ".join(notes)])

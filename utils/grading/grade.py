@@ -40,10 +40,30 @@ from .notebook_source import KERNELSPEC, Check, LabSource, defined_names, normal
 from .sandbox import Limits
 
 DEFAULT_CELL_TIMEOUT = 120.0
-#: Tokens that deserve a human look: tampering with the kernel or reaching for the answers.
-REVIEW_TOKENS = ("input_transformers", "ast_transformers", "set_custom_exc", "events.register",
-                 "register_magic", "sys.settrace", "import builtins", "__builtins__", "__code__",
-                 "student_side", "utils.grading", "solutions/", "HIDDEN TESTS")
+#: What deserves a human look in a student's code, and why. Checks run outside the kernel, so
+#: none of this can change a check's verdict on the values a function returns; it can undo a
+#: lab's rule that runs inside the kernel (`check_api.forbidding`), or reach for the answers.
+REVIEW_SIGNS: tuple[tuple[str, str], ...] = (
+    (r"input_transformers|ast_transformers|set_custom_exc|events\.register|register_magic|sys\.settrace",
+     "changes how the kernel runs cells"),
+    (r"import\s+builtins|__builtins__", "replaces builtins"),
+    (r"import_module|__import__|importlib|sys\.modules", "reaches modules by a name built at run time"),
+    (r"__code__|types\.FunctionType|types\.CodeType", "handles function code objects (can undo a lab's library ban)"),
+    (r"_getframe|f_globals|f_back|inspect\.stack|inspect\.currentframe", "inspects the caller's frames"),
+    (r"(?<![\w.])(exec|eval|compile)\s*\(", "runs code built at run time"),
+    (r"utils\.grading|student_side|check_api", "touches the grader"),
+    (r"solutions/|HIDDEN TESTS", "reaches for the answers"),
+)
+
+
+def review_notes(sources: list[str]) -> list[str]:
+    """``"<what matched>: <why>"`` for each sign found in the student's code (see `REVIEW_SIGNS`)."""
+    notes = []
+    for pattern, why in REVIEW_SIGNS:
+        found = sorted({m.group(0).strip("( ") for s in sources for m in re.finditer(pattern, s)})
+        if found:
+            notes.append(f"{', '.join(found)}: {why}")
+    return notes
 
 
 # --- reading a submission -----------------------------------------------------------------------
@@ -208,7 +228,7 @@ class SubmissionResult:
     issues: list[CellIssue] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     review: list[str] = field(default_factory=list)
-    """Suspicious tokens found in the student's code: look at the notebook yourself."""
+    """What in the student's code deserves a look, each with the reason (`review_notes`)."""
     error: str | None = None
     """Why grading itself failed (unreadable notebook, grader crash); scores are then 0."""
     seconds: float = 0.0
@@ -282,7 +302,7 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     result = SubmissionResult(student=student, lab=lab.name)
     timeout = options.timeout or lab.cell_timeout or DEFAULT_CELL_TIMEOUT
     planned, result.notes = plan(lab, cells, timeout)
-    result.review = sorted({t for p in planned if p.check is None for t in REVIEW_TOKENS if t in p.source})
+    result.review = review_notes([p.source for p in planned if p.check is None])
     workdir = Path(tempfile.mkdtemp(prefix="grading-"))
     judge_dir = Path(tempfile.mkdtemp(prefix="judge-"))
     # An isolated kernel sees neither the lab source (answers, hidden checks) nor the

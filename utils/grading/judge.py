@@ -31,7 +31,7 @@ from utils.system.procs import end_process_tree
 from .containment import MEMORY_ENAME
 from .execute import CellOutcome, KernelSession
 from .notebook_source import Check, LabSource
-from .student_side import REPLY_MIME
+from .student_side import MESSAGE_CHARS, REPLY_MIME
 
 LINE_LIMIT = 256 * 1024 * 1024
 """Longest protocol line (a call carrying a large timeline)."""
@@ -55,6 +55,23 @@ def _reply(outcome: CellOutcome) -> dict | None:
         if REPLY_MIME in data and isinstance(data[REPLY_MIME], dict):
             return data[REPLY_MIME]
     return None
+
+
+def _sanitised(reply: dict | None, outcome: CellOutcome) -> dict:
+    """The kernel's reply to a call, reduced to the fields and types the judge reads (the
+    kernel is the student's: its reply may be anything)."""
+    if reply is None:
+        why = f"{outcome.ename}: {outcome.evalue}" if not outcome.ok else "the call returned no result"
+        return {"raised": ["RuntimeError"], "type": "RuntimeError", "message": why[:MESSAGE_CHARS]}
+    if reply.get("missing") is True:
+        return {"missing": True}
+    if "raised" in reply:
+        raised = reply["raised"] if isinstance(reply["raised"], list) else []
+        return {"raised": [str(n)[:100] for n in raised[:20]], "type": str(reply.get("type", ""))[:200],
+                "message": str(reply.get("message", ""))[:MESSAGE_CHARS]}
+    if isinstance(reply.get("value"), str):
+        return {"value": reply["value"]}
+    return {"unsendable": str(reply.get("unsendable", "a reply the grader cannot read"))[:MESSAGE_CHARS]}
 
 
 class Judge:
@@ -136,8 +153,10 @@ class Judge:
         outcome, described = await in_kernel(_snippet("describe", names))
         if not outcome.ok or described is None:
             return self._ended(outcome, outputs, started, "the kernel did not answer")
+        names = described.get("names")
+        bindings = {str(k): v for k, v in names.items() if isinstance(v, dict)} if isinstance(names, dict) else {}
         try:
-            return await self._relay(check, described.get("names") or {}, in_kernel, deadline, started, outputs)
+            return await self._relay(check, bindings, in_kernel, deadline, started, outputs)
         except JudgeError:
             await self.stop()
             trip = session.contained.claim_trip() if session.contained is not None else None
@@ -167,11 +186,7 @@ class Judge:
                     await self._send({"op": "reply", "abort": outcome.status})
                     await self._receive(10.0)  # the judge's "done" for the aborted check
                 return self._ended(outcome, outputs, started, outcome.evalue or outcome.status)
-            if reply is None:
-                why = (f"{outcome.ename}: {outcome.evalue}" if not outcome.ok
-                       else "the call returned no result")
-                reply = {"raised": ["RuntimeError"], "type": "RuntimeError", "message": why}
-            await self._send({"op": "reply", **reply})
+            await self._send({**_sanitised(reply, outcome), "op": "reply"})
 
     @staticmethod
     def _ended(outcome: CellOutcome, outputs: list, started: float, why: str) -> CellOutcome:

@@ -144,7 +144,10 @@ class Judge:
             if kind == "callable":
                 namespace[name] = self.proxies[name] = StudentProxy(name, self)
             elif kind == "value":
-                namespace[name] = self.decode(found.get("value", "null"))
+                try:
+                    namespace[name] = self.decode(found.get("value"))
+                except ValueError as error:
+                    namespace[name] = codec.StudentObject("value", f"unreadable: {error}")
             elif kind == "unsendable":
                 namespace[name] = codec.StudentObject("value", str(found.get("why", "")))
             else:
@@ -185,7 +188,10 @@ class Judge:
             _raise_like(reply)
         if "unsendable" in reply:
             return codec.StudentObject("result", str(reply["unsendable"]))
-        return self.decode(str(reply.get("value", "null")))
+        try:
+            return self.decode(reply.get("value"))
+        except ValueError as error:  # what the kernel sent is not what `codec.encode` writes
+            return codec.StudentObject("result", f"unreadable: {error}")
 
 
 def _traceback(error: BaseException) -> str:
