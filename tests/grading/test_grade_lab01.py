@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks
-from utils.grading import Options, validate
+from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, build
+from utils.grading import Options, grade_batch, validate
 from utils.grading.notebook_source import LabSource, find_lab
 from utils.jobs.runs import list_runs
 
@@ -47,6 +47,19 @@ def test_the_four_real_runs_are_recorded_and_reused(validated):
     runs = list_runs(out / "recorded-runs")
     assert sorted(r.spec.micro_batches for r in runs) == [1, 2, 4, 8] and all(r.ok for r in runs)
     assert empty.seconds < solution.seconds
+
+
+def test_the_library_shortcut_for_task_2_earns_nothing_there(validated, tmp_path):
+    """`return float(timeline.metrics().bubble_ratio)` used to pass task 2's checks: the lab now
+    forbids the library's metrics while its checks call measured_bubble."""
+    _, _, out = validated
+    (tmp_path / "submissions").mkdir()
+    (tmp_path / "submissions" / "shortcut.ipynb").write_text(build(LAB, "metrics_shortcut"), encoding="utf-8")
+    [result] = grade_batch(LAB.path, tmp_path / "submissions", tmp_path / "out", workers=1,
+                           options=Options(timeout=TEST_TIMEOUT, runs=out / "recorded-runs"))
+    assert result.per_task(LAB) == {"theory_bubble": 2, "measured_bubble": 0, "fit_pipeline_model": 4,
+                                    "predict_bubble": 2}, [(c.id, c.message) for c in result.checks]
+    assert any("原始事件" in c.message for c in result.checks if c.task == "measured_bubble")
 
 
 def test_feedback_is_safe(validated):

@@ -40,6 +40,8 @@ EXPECTED = {
     "frame_reader": {**FULL, "bubble_ratio": 0},  # found no expected value up the stack
     "history_leak": {**FULL, "bubble_ratio": 0},
     "runner_swap": NONE,  # the kernel side of the grader replaced: it can only fabricate its own answers
+    # The library's metrics instead of the student's own (issue 15): forbidden while checks call.
+    "metrics_shortcut": NONE,
 }
 
 
@@ -91,8 +93,8 @@ def test_attacks_steal_nothing_leak_nothing_and_are_flagged(graded):
     # The public check shows the student's own message: their cells, and no solutions/ (hidden
     # by the sandbox); the kernel's history holds no check (checks never run there).
     message = leak["bubble_public"].message
-    assert message.startswith("你的函数抛出了 RuntimeError: [solutions: ") and "SPEC = utils.JobSpec" in message
-    for word in ("utils.grading", "student_side", "HIDDEN", "want = utils.compute_metrics"):
+    assert message.startswith("你的函数抛出了 RuntimeError: [solutions: ") and "import utils" in message
+    for word in ("student_side", "HIDDEN", "want = utils.compute_metrics", "_getframe"):
         assert word not in message
     assert "RuntimeError" in leak["bubble_hidden"].message and "def " not in leak["bubble_hidden"].message
     assert any("importlib" in note for note in results["runner_swap"].review)

@@ -137,6 +137,9 @@ def test_review_signs_name_what_matched_and_why():
     honest = ["import re\npattern = re.compile('x')\nmodel.eval()\nfrom utils import partition_layers",
               "import itertools, random"]
     assert review_notes(honest) == []
+    given = "from utils.grading.check_api import forbidding\nx = 1"
+    assert review_notes(["from utils.grading.check_api import forbidding\nx = 2"], given) == []
+    assert review_notes(["import utils.grading.judge"], given) != []
 
 
 def test_a_kernel_reply_is_reduced_to_known_fields():

@@ -3,11 +3,17 @@
 Feedback never contains test code or tracebacks. For a failed check it gives the check's
 description and one message:
 
-* an ``AssertionError``: the message the instructor wrote in the ``assert`` (public or
-  hidden) — so hidden tests should say what was expected in words;
+* the student's function raised: its type and message for a public check (the student can
+  run it anyway), only the type for a hidden one (its message could carry the hidden
+  check's inputs);
+* the check's ``assert`` failed: the message the instructor wrote (public or hidden) — so
+  hidden tests should say what was expected in words;
 * a timeout, a dead kernel, ``NotImplementedError`` or ``NameError``: a fixed explanation;
-* any other exception: type and message for a public check (the student can run it
-  anyway), only the exception type for a hidden one.
+* any other exception of the check: type and message for a public check, only the type
+  for a hidden one.
+
+Text in a message that a student's code chose is cut to `MESSAGE_LIMIT` characters and, in
+the Markdown, escaped so that it renders as plain text on one line (`_md`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ checks re-inserted, and score every check.
 
 What runs is the student's notebook, code cell by code cell, **minus** every cell that is a
 test cell (by metadata, or by being a copy of a public test) **plus** the instructor's checks
-taken from the lab *source* (public and hidden), each inserted right after the student's
-answer to its task. The answer to a task is found, in this order, by
+taken from the lab *source* (public and hidden), each placed right after the student's
+answer to its task. Checks do not run in the student's kernel: the judge runs them against
+a trusted reference and calls the student's functions with plain data (`judge`). The answer to a task is found, in this order, by
 
 1. the cell's ``grading`` id (or its nbformat cell id) from the student copy,
 2. a cell that defines the task's function (or class) — the last such cell wins, as it
@@ -56,11 +57,15 @@ REVIEW_SIGNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def review_notes(sources: list[str]) -> list[str]:
-    """``"<what matched>: <why>"`` for each sign found in the student's code (see `REVIEW_SIGNS`)."""
+def review_notes(sources: list[str], given: str = "") -> list[str]:
+    """``"<what matched>: <why>"`` for each sign found in the student's code (see
+    `REVIEW_SIGNS`). Lines that also occur in `given` (the code the student copy hands out,
+    which may itself import the grader's `check_api`) are not the student's and not read."""
+    ours = {line.strip() for line in given.splitlines()}
+    text = "\n".join(line for s in sources for line in s.splitlines() if line.strip() not in ours)
     notes = []
     for pattern, why in REVIEW_SIGNS:
-        found = sorted({m.group(0).strip("( ") for s in sources for m in re.finditer(pattern, s)})
+        found = sorted({m.group(0).strip("( ") for m in re.finditer(pattern, text)})
         if found:
             notes.append(f"{', '.join(found)}: {why}")
     return notes
@@ -302,7 +307,8 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     result = SubmissionResult(student=student, lab=lab.name)
     timeout = options.timeout or lab.cell_timeout or DEFAULT_CELL_TIMEOUT
     planned, result.notes = plan(lab, cells, timeout)
-    result.review = review_notes([p.source for p in planned if p.check is None])
+    given = "\n".join(c.source for c in lab.student_copy().cells if c.cell_type == "code")
+    result.review = review_notes([p.source for p in planned if p.check is None], given)
     workdir = Path(tempfile.mkdtemp(prefix="grading-"))
     judge_dir = Path(tempfile.mkdtemp(prefix="judge-"))
     # An isolated kernel sees neither the lab source (answers, hidden checks) nor the
