@@ -8,8 +8,12 @@ The central quantity is the **bubble ratio** of one step::
     bubble_ratio = 1 - sum_s compute(s) / (num_stages * makespan)
 
 where ``makespan`` runs from the first compute start to the last compute end of the step
-(the pipeline phase; data loading before it and gradient reduction / optimizer step after
-it are left out) and ``compute(s)`` is the time stage ``s`` spent in forward/backward work.
+(the pipeline phase) and ``compute(s)`` is the time stage ``s`` spent in forward/backward
+work. Only what lies outside that window is left out: the first stage's first data load
+before it, and the per-step instructions of the stages that finish last. Everything else
+that is not compute counts as idle, including the data loads DeepSpeed's `TrainSchedule`
+issues before every forward on the first and last stage, and the gradient reduction and
+optimizer step of stages that finish while others still compute (chapter 4 shows both).
 Communication and waiting both count as *not compute*: communication that is not hidden
 behind computation shows up as bubble. That is deliberate: for the learner, an exposed
 send/recv costs exactly as much as an idle slot. `Metrics.stage_comm` separates the two.
