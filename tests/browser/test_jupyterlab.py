@@ -1,11 +1,19 @@
-"""JupyterLab in headless Chromium: the plotly timeline and the run panel really render.
+"""JupyterLab in headless Chromium: the plotly timeline and the run panel really render, and
+chapter 1's run panel works as a learner uses it.
 
 Starts JupyterLab on 127.0.0.1 (free port, random token, throw-away config, settings and
-workspace folders) with a small notebook, opens it with Playwright's Python API in the
-system's Chromium (``$CHROMIUM``, else ``chromium`` on PATH), runs all cells from the Run
-menu, checks that the plotly charts and the widgets are in the page, presses the panel's Run
-button to train a tiny real DeepSpeed job, waits for its timeline to appear, and saves
-screenshots under ``artifacts/``.
+workspace folders) with a small notebook and a copy of chapter 1, opens them with Playwright's
+Python API in the system's Chromium (``$CHROMIUM``, else ``chromium`` on PATH) and runs all
+cells from the Run menu.
+
+* The small notebook: the plotly charts and the widgets are in the page; the panel's Run button
+  trains a tiny real DeepSpeed job and its timeline appears.
+* Chapter 1, whole: its run panel (Chinese labels) starts nothing by itself; Run starts a real
+  job and Jupyter's ■ (the toolbar's interrupt button) stops it, every process gone, the panel
+  saying so; a 2-stage job from the changed controls succeeds; A/B comparison draws both runs
+  with a legend that does not scroll and choices whose text is not clipped.
+
+Screenshots are saved under ``artifacts/`` (kept by CI as test artifacts).
 
 Without Chromium (or Playwright) the test skips, except under ``CI=true``, where it fails.
 The server and its kernels are always stopped, and every wait is bounded.
@@ -39,10 +47,13 @@ CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/c
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 NOTEBOOK = "panel.ipynb"
+CHAPTER = "01_course_intro.ipynb"   # copied from chapters/ into the server's root
 SERVER_START_S = 120
 PAGE_S = 120            # JupyterLab's page and the kernel
 CELLS_S = 180           # all cells (imports of torch through utils take a while on 2 cores)
 JOB_S = 300             # the tiny real job started from the page
+CHAPTER_S = 300         # chapter 1 with its 4-stage job (about 30 s on 2 cores when warm)
+STOP_S = 30             # ■ to every process of the job gone
 
 
 def _missing_browser() -> str | None:
@@ -122,6 +133,7 @@ def jupyterlab(browser_available, tmp_path_factory) -> Iterator[dict]:
     root, home = base / "root", base / "jupyter"
     root.mkdir()
     nbformat.write(_notebook(), root / NOTEBOOK)
+    shutil.copy(ROOT / "chapters" / CHAPTER, root / CHAPTER)
     settings = home / "settings"
     # No news or update checks (no internet here; they would only add toasts to the page).
     notification = settings / "@jupyterlab" / "apputils-extension"
@@ -286,3 +298,118 @@ def _screenshots(page, folder: Path) -> None:
     page.screenshot(path=str(folder / "jupyterlab.png"))
     panel = page.locator(".widget-vbox", has_text="Pipeline run").filter(has_text="History and comparison")
     panel.last.screenshot(path=str(folder / "jupyterlab-panel.png"))
+
+
+# --- chapter 1's run panel -----------------------------------------------------------------------
+def _wait_until(page, predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        _accept_dialogs(page)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds:g} s")
+        page.wait_for_timeout(250)
+
+
+def _interrupt_kernel(page) -> None:
+    """Press the notebook toolbar's ■ (Interrupt the kernel), as a learner does."""
+    toolbar = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar").first
+    button = toolbar.locator("[data-jp-item-name='interrupt'] button, "
+                             "[data-jp-item-name='interrupt'] jp-button, "
+                             "[data-command='notebook:interrupt-kernel']").first
+    button.click()
+
+
+def _element_screenshot(page, element, path: Path) -> None:
+    """A screenshot of one element, whole: the viewport is made taller than the element first
+    (JupyterLab scrolls inside the notebook, so a tall element would be cut or overlapped)."""
+    box = element.bounding_box() or {"height": 1000}
+    page.set_viewport_size({"width": 1500, "height": int(min(max(box["height"] + 200, 1000), 6000))})
+    element.scroll_into_view_if_needed()
+    page.wait_for_timeout(800)  # plotly redraws on resize
+    element.screenshot(path=str(path))
+    page.set_viewport_size({"width": 1500, "height": 1000})
+
+
+#: Width the text of each <select> of the panel needs and has (px), measured by the browser.
+_SELECT_TEXT = """(root) => Array.from(root.querySelectorAll('.widget-dropdown select')).map(sel => {
+  const text = sel.selectedIndex >= 0 ? sel.options[sel.selectedIndex].text : '';
+  const cs = getComputedStyle(sel);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  const room = sel.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  return {text, need: ctx.measureText(text).width, room};
+})"""
+
+
+def test_chapter_one_panel_stop_by_interrupt_and_compare(jupyterlab, page):
+    ARTIFACTS.mkdir(exist_ok=True)
+    runs = jupyterlab["runs"]
+    try:
+        page.goto(f"{jupyterlab['url']}/lab/workspaces/chapter1/tree/{CHAPTER}?reset&token={jupyterlab['token']}",
+                  timeout=PAGE_S * 1000, wait_until="domcontentloaded")
+        page.locator(".jp-Notebook").first.wait_for(timeout=PAGE_S * 1000)
+        _run_all_cells(page)
+        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+        # the whole chapter ran: the last code cell (exercise 2) printed its answer
+        notebook.get_by_text("这段时间里执行的指令", exact=False).first.wait_for(timeout=CHAPTER_S * 1000)
+        panel = notebook.locator(".widget-vbox", has_text="流水线任务").filter(has_text="历史与对比").last
+        panel.scroll_into_view_if_needed()
+        assert processes_of(runs) == [], "executing the chapter left a job running"
+        # the chapter's figures and the panel are Chinese
+        titles = " ".join(notebook.locator(".js-plotly-plot .gtitle").all_text_contents())
+        assert "模拟（不是测量）" in titles and "实测时间线" in titles
+        run_button = panel.locator(".widget-button", has_text="运行").first
+        stop_hint = "按「停止」或 Jupyter 的 ■（中断内核）都会结束这个任务的全部进程"
+        assert panel.get_by_text(stop_hint, exact=False).count() == 1
+        history = panel.locator(".widget-dropdown", has=page.locator("label", has_text="历史")).locator("select")
+        assert "气泡率中位数" in history.first.locator("option").first.text_content()  # the run of 1.9, a median
+
+        # Run, then ■: the job stops, all its processes end, the panel says who stopped it.
+        run_button.click()
+        _wait_until(page, lambda: len(processes_of(runs)) > 0, 120, "the job's processes starting")
+        _interrupt_kernel(page)
+        pressed = time.monotonic()
+        panel.get_by_text("被内核中断 (■) 停止", exact=False).first.wait_for(timeout=STOP_S * 1000)
+        print(f"■ to the panel saying the job stopped: {time.monotonic() - pressed:.1f} s")
+        _wait_until(page, lambda: processes_of(runs) == [], STOP_S, "every process of the stopped job ending")
+        assert panel.get_by_text("个进程全部结束", exact=False).count() >= 1
+        assert "已停止" in panel.locator(".widget-html", has_text="已停止").first.text_content()
+        _element_screenshot(page, panel, ARTIFACTS / "chapter01-panel-stopped.png")
+
+        # Change the controls (2 stages) and run again: it succeeds and joins the history.
+        stages = panel.locator(".widget-text", has_text="阶段数").locator("input").first
+        stages.fill("2")
+        stages.press("Enter")
+        panel.get_by_text("2 个进程", exact=False).first.wait_for(timeout=30_000)
+        run_button.click()
+        panel.get_by_text("完成，用时", exact=False).first.wait_for(timeout=JOB_S * 1000)
+        assert processes_of(runs) == [], "the finished job left processes behind"
+        plots = panel.locator(".js-plotly-plot")
+        _wait_for_count(page, plots, 1, 60)
+        assert "实测时间线" in plots.first.locator(".gtitle").text_content()
+        _element_screenshot(page, panel, ARTIFACTS / "chapter01-panel.png")
+
+        # A = #1 (chapter 1's 4-stage run), B = #2 (the 2-stage run): both on one time axis.
+        panel.locator(".widget-button", has_text="对比").first.click()
+        _wait_for_count(page, plots, 2, 60)
+        compare = plots.nth(1)
+        compare.scroll_into_view_if_needed()
+        page.wait_for_timeout(1000)
+        assert compare.locator(".gtitle").text_content().startswith("#1 对比 #2")
+        legend = compare.locator(".legend .traces").all_text_contents()
+        assert any("前向 forward" in t for t in legend) and any("接收梯度 recv_grad" in t for t in legend)
+        scrollbars = compare.evaluate("(el) => Array.from(el.querySelectorAll('.legend .scrollbar'))"
+                                      ".map(r => r.getBBox().height)")
+        assert all(h == 0 for h in scrollbars), f"the comparison's legend scrolls: {scrollbars}"
+        choices = panel.evaluate(_SELECT_TEXT)
+        assert len(choices) >= 3 and all(c["text"] for c in choices), choices
+        clipped = [c for c in choices if c["need"] > c["room"]]
+        assert not clipped, f"dropdown text is clipped: {clipped}"
+        _element_screenshot(page, compare, ARTIFACTS / "chapter01-compare.png")
+        assert (ARTIFACTS / "chapter01-panel.png").stat().st_size > 50_000
+        assert not [e for e in page.page_errors if "plotly" in e.lower() or "widget" in e.lower()], \
+            page.page_errors
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "chapter01-failure.png"))
+        print(_tail(jupyterlab["log"], 60))
+        raise

@@ -19,11 +19,11 @@ def one_f_one_b(p: int, m: int, **kw) -> list[Event]:
     return schedule_events(p, m, f=kw.pop("f", 1 * MS), b=kw.pop("b", 2 * MS), **kw)
 
 
-def with_comm(events: list[Event]) -> list[Event]:
-    """Add a short send after every forward except on the last stage."""
+def with_comm(events: list[Event], kind: str = "send_act", ms: float = 0.5) -> list[Event]:
+    """Add a short `kind` event (`ms` long) after every forward except on the last stage."""
     last = max(e.stage for e in events)
-    extra = [Event(stage=e.stage, rank=e.rank, step=e.step, kind="send_act",
-                   micro_batch=e.micro_batch, start=e.end, end=e.end + 0.1 * MS)
+    extra = [Event(stage=e.stage, rank=e.rank, step=e.step, kind=kind,
+                   micro_batch=e.micro_batch, start=e.end, end=e.end + ms * MS)
              for e in events if e.kind == "forward" and e.stage < last]
     return events + extra
 
@@ -55,6 +55,7 @@ def test_timeline_rows_bars_labels_legend_and_title():
     ends = [b + x for b, x in zip(bars["backward"].base, bars["backward"].x)]
     assert max(ends) == pytest.approx(33.0)
     assert "simulated" in fig.layout.title.text and "27.3%" in fig.layout.title.text
+    assert fig.layout.title.subtitle.text is None  # every kind drawn is visible: no note
     assert "measured" in plot_timeline(tl(one_f_one_b(4, 8))).layout.title.text
     assert "<html>" in fig.to_html()
 
@@ -165,3 +166,60 @@ def test_memory_plot_counts_micro_batches():
 def test_every_kind_has_a_colour():
     assert set(KIND_COLORS) == set(KINDS)
     assert all(KIND_COLORS[k] != KIND_COLORS["forward"] for k in COMM_KINDS)
+
+
+def test_legend_lists_only_kinds_a_reader_can_see():
+    # 0.02 ms loads next to 1-2 ms compute in a 33 ms step: drawn (hover finds them) but
+    # hairlines, so not in the legend; the subtitle names them instead.
+    events = with_comm(with_comm(one_f_one_b(4, 8)), kind="load", ms=0.02)
+    fig = plot_timeline(tl(events))
+    bars = bar_traces(fig)
+    assert len(bars["load"].x) == 24 and bars["load"].showlegend is False
+    assert [t.name for t in fig.data if t.showlegend] == ["forward", "backward", "send_act"]
+    note = fig.layout.title.subtitle.text
+    assert "too short to see" in note and "load" in note and "send_act" not in note
+    # compare: a kind visible in either run is in the legend once
+    both = compare_timelines(tl(events), tl(with_comm(one_f_one_b(4, 8), kind="load", ms=2.0)))
+    entries = sorted((t.legendrank, t.name) for t in both.data if t.showlegend)
+    assert [name for _, name in entries] == ["forward", "backward", "load", "send_act"]
+    assert both.layout.title.subtitle.text is None
+
+
+def test_compare_figure_is_tall_enough_for_its_legend():
+    # every kind present (12 legend entries): the legend must fit the plot area, not scroll
+    kinds = [k for k in KINDS if k not in ("forward", "backward")]
+    events = one_f_one_b(2, 2)
+    for kind in kinds:
+        events = with_comm(events, kind=kind, ms=1.0)
+    two = tl(events, p=2, m=2)
+    fig = compare_timelines(two, two)
+    entries = sum(1 for t in fig.data if t.showlegend)
+    assert entries == len(KINDS)
+    plot_area = fig.layout.height - 180  # plotly's default margins: 100 px top, 80 px bottom
+    assert plot_area >= 30 * entries + 40  # measured in Chromium: ~26 px per entry with CJK labels
+    single = plot_timeline(two)
+    assert single.layout.height - 180 >= 30 * entries + 40
+
+
+def test_chinese_labels():
+    events = with_comm(with_comm(one_f_one_b(4, 8)), kind="load", ms=0.02)
+    fig = plot_timeline(tl(events, source="simulated"), lang="zh")
+    assert list(fig.layout.yaxis.categoryarray) == [f"阶段 {s}" for s in range(4)]
+    assert "模拟（不是测量）" in fig.layout.title.text and "气泡率" in fig.layout.title.text
+    assert fig.layout.xaxis.title.text == "步内时间 (ms)" and fig.layout.legend.title.text == "指令类型"
+    assert [t.name for t in fig.data if t.showlegend] == ["前向 forward", "反向 backward", "发送激活 send_act"]
+    assert "加载微批 load" in fig.layout.title.subtitle.text
+    assert "微批" in fig.data[0].hovertemplate and "时长" in fig.data[0].hovertemplate
+    from utils.ui.labels import use_language
+    with use_language("zh"):  # the kernel-wide setting, here for one block
+        cmp = compare_timelines(tl(one_f_one_b(4, 8)), tl(one_f_one_b(4, 8)))
+        breakdown = plot_stage_breakdown(tl(one_f_one_b(4, 8)))
+        memory = plot_memory({0: [(0.0, 0)]})
+        sweep = plot_sweep([1, 2], [0.5, 0.3], x_label="m", y_label="b")
+    assert "对比" in cmp.layout.title.text and "气泡率" in cmp.layout.annotations[0].text
+    assert [t.name for t in breakdown.data] == ["计算 compute", "通信 comm", "空闲 idle"]
+    assert breakdown.layout.title.text.startswith("各阶段时间 · ")
+    assert memory.layout.title.text == "激活显存随时间的变化" and memory.layout.yaxis.title.text == "内存 (MiB)"
+    assert sweep.data[0].name == "实测" and sweep.layout.title.text == "b 随 m 的变化"
+    # back to English outside the block
+    assert plot_timeline(tl(one_f_one_b(4, 8))).layout.xaxis.title.text == "time in step (ms)"

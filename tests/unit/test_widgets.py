@@ -280,3 +280,43 @@ def test_bare_objects_display_their_widget():
     ex = TimelineExplorer(two_step_timeline())
     assert "application/vnd.jupyter.widget-view+json" in ex._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in W.RunPanel()._repr_mimebundle_()
+
+
+# --- labels, language and layout ---------------------------------------------------------------
+def test_history_label_says_the_bubble_is_a_median():
+    panel = W.RunPanel(history=[fake_run(two_step_timeline(), "a")])
+    label = panel.history_select.options[0][0]
+    m = two_step_timeline().metrics()  # summary over the steps after step 0
+    assert label.endswith(f"median bubble {m.bubble_ratio:.0%} over 1 step(s)")
+    panel.show(0)
+    assert "step 1: bubble" in panel.explorer.summary.value  # the explorer shows one step
+    one = W.RunPanel(history=[fake_run(utils.simulate(utils.build_schedule("1f1b", 4, 8), forward=1, backward=2))])
+    assert "median bubble 27% over 1 step(s)" in one.history_select.options[0][0]
+
+
+def test_a_chinese_panel(no_launch):
+    panel = W.RunPanel(JobSpec(num_stages=2, micro_batches=4), history=[fake_run(two_step_timeline())], lang="zh")
+    assert (panel.run_button.description, panel.stop_button.description) == ("运行", "停止")
+    assert panel.stages.description == "阶段数" and panel.micro_batches.description == "微批数"
+    assert ("parameters（按参数量）", "parameters") in panel.partition.options
+    panel.partition.value = "uniform"  # values stay the API's identifiers
+    assert panel.spec().partition == "uniform"
+    assert "2 个进程" in panel.plan.value and "阶段 0：第 0–" in panel.plan.value
+    assert "空闲" in panel.status.value and "■" in panel.stop_hint.value
+    assert "气泡率中位数" in panel.history_select.options[0][0]
+    panel.show(0)
+    assert "指令类型" in panel.explorer.widget.children[1].children[0].value
+    assert "气泡率 bubble_ratio" in panel.metrics.value and "诊断：" in panel.diagnosis.value
+    assert "模拟" in panel.figure.layout.title.text
+    header = panel.widget.children[0].value
+    assert "流水线任务" in header and "历史与对比" in panel.history_box.children[0].value
+
+
+def test_compare_choices_have_room_for_their_labels():
+    panel = W.RunPanel(history=[fake_run(two_step_timeline(), "a"), fake_run(two_step_timeline(), "b")])
+    longest = max(len(label) for label, _ in panel.compare_a.options)
+    for dropdown in (panel.compare_a, panel.compare_b, panel.history_select):
+        assert "760px" in dropdown.layout.width  # ~7 px per character at the notebook's font size
+    assert 7 * longest + 60 < 760
+    # A and B each on a line of their own, not squeezed side by side
+    assert panel.compare_a in panel.history_box.children

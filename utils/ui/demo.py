@@ -1,7 +1,8 @@
-"""Headless demo for a GPU node over SSH (``make demo``): one real pipeline job, its
-timeline as a standalone HTML page and a Chrome trace, and the metrics printed.
+"""Headless demo for a GPU node over SSH (``make demo``): one real pipeline job, a standalone
+HTML page of it (settings, metrics, per-stage time, the timeline of every step:
+`utils.ui.report`) and a Chrome trace, and the metrics printed.
 
-    python -m utils.ui.demo --out demo-output [--stages 4] [--micro-batches 8] [--steps 5]
+    python -m utils.ui.demo --out demo-output [--stages 4] [--micro-batches 8] [--steps 5] [--lang zh]
 
 On a machine with at least `--stages` GPUs it runs the GPU-sized preset on CUDA + NCCL;
 otherwise the CPU-sized preset on gloo — the same code path either way.
@@ -13,8 +14,9 @@ import argparse
 from pathlib import Path
 
 from utils.jobs.launch import run_job
-from utils.ui.plots import plot_timeline
 from utils.jobs.spec import JOB_SCHEDULES, JobSpec
+from utils.ui.labels import LANGUAGES
+from utils.ui.report import write_run_page
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batches", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--schedule", default="1f1b", choices=JOB_SCHEDULES)
+    parser.add_argument("--lang", default=None, choices=LANGUAGES, help="page language (default: English)")
     args = parser.parse_args(argv)
 
     import torch
@@ -36,11 +39,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"running {stages} stages on {'CUDA/NCCL' if on_gpu else 'CPU/gloo'}: {spec.model}")
     run = run_job(spec)
     args.out.mkdir(parents=True, exist_ok=True)
-    html = args.out / "timeline.html"
-    plot_timeline(run.timeline).write_html(html, include_plotlyjs=True)
+    html = write_run_page(run, args.out / "timeline.html", lang=args.lang)
     trace = run.timeline.to_chrome_trace(args.out / "trace.json")
     print(run.timeline.metrics())
-    print(f"\ntimeline: {html}\nchrome trace (open in ui.perfetto.dev): {trace}\nrun record: {run.path}")
+    print(f"\npage (settings, metrics, every step): {html}\nchrome trace (open in ui.perfetto.dev): {trace}\nrun record: {run.path}")
 
 
 if __name__ == "__main__":

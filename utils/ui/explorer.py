@@ -8,9 +8,11 @@ from collections.abc import Iterable
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from utils.ui.display import Displayable, figure_output
-from utils.ui.plots import default_step, plot_timeline
 from utils.timeline import KINDS, Timeline
+from utils.ui.display import Displayable, figure_output
+from utils.ui.labels import kind_label, resolve, text
+from utils.ui.plots import default_step, plot_timeline
+from utils.ui.tables import diagnosis_text
 
 _STYLE = {"description_width": "initial"}
 
@@ -22,11 +24,13 @@ class TimelineExplorer(Displayable):
     the slider or ticking a kind redraws the figure (`figure` is the one shown). Step 0 is
     available but not the default: it carries one-off warm-up costs (see `default_step`).
     Next to the slider: the step's bubble ratio, makespan and (``diagnosis=True``) diagnosis.
+    ``lang="zh"`` labels it in Chinese (default: `utils.ui.labels.get_language`).
     """
 
     def __init__(self, timeline: Timeline, *, step: int | None = None,
                  kinds: Iterable[str] | None = None, title: str | None = None,
-                 diagnosis: bool = True):
+                 diagnosis: bool = True, lang: str | None = None):
+        self.lang = resolve(lang)
         self.timeline = timeline
         self.title = title
         self.show_diagnosis = diagnosis
@@ -37,10 +41,10 @@ class TimelineExplorer(Displayable):
         chosen = set(present if kinds is None else kinds)
         self.step_slider = widgets.SelectionSlider(
             options=[(str(s), s) for s in steps], value=default_step(timeline) if step is None else step,
-            description="step", disabled=len(steps) == 1, continuous_update=False, style=_STYLE,
+            description=text("explorer.step", self.lang), disabled=len(steps) == 1, continuous_update=False, style=_STYLE,
             layout={"width": "420px"})
         self.kind_boxes: dict[str, widgets.Checkbox] = {
-            k: widgets.Checkbox(value=k in chosen, description=k, indent=False,
+            k: widgets.Checkbox(value=k in chosen, description=kind_label(k, self.lang), indent=False,
                                 layout={"width": "auto", "margin": "0 12px 0 0"})
             for k in present}
         self.summary = widgets.HTML()
@@ -49,7 +53,7 @@ class TimelineExplorer(Displayable):
         self.step_slider.observe(self._on_change, names="value")
         for box in self.kind_boxes.values():
             box.observe(self._on_change, names="value")
-        kinds_row = widgets.HBox([widgets.HTML("<b>kinds</b>&nbsp;"), *self.kind_boxes.values()],
+        kinds_row = widgets.HBox([widgets.HTML(f"<b>{html.escape(text('explorer.kinds', self.lang))}</b>&nbsp;"), *self.kind_boxes.values()],
                                  layout={"flex_flow": "row wrap", "align_items": "center"})
         self.widget = widgets.VBox([widgets.HBox([self.step_slider, self.summary],
                                                  layout={"align_items": "center"}),
@@ -92,13 +96,15 @@ class TimelineExplorer(Displayable):
     def redraw(self) -> go.Figure:
         """Draw the selected step with the ticked kinds; returns the figure."""
         step = self.step
-        self.figure = plot_timeline(self.timeline, step, kinds=self.kinds, title=self.title)
+        self.figure = plot_timeline(self.timeline, step, kinds=self.kinds, title=self.title,
+                                    lang=self.lang)
         figure_output(self.figure, self.output)
         try:
             m = self.timeline.metrics(step)
-            why = f" · <i>{html.escape(m.diagnosis)}</i>" if self.show_diagnosis else ""
-            self.summary.value = (f"&nbsp;&nbsp;step {step}: bubble {m.bubble_ratio:.1%} · makespan "
-                                  f"{m.makespan * 1e3:.1f} ms{why}")
+            why = f" · <i>{html.escape(diagnosis_text(m, self.lang))}</i>" if self.show_diagnosis else ""
+            line = text("explorer.summary", self.lang, step=step, bubble=f"{m.bubble_ratio:.1%}",
+                        makespan=f"{m.makespan * 1e3:.1f}")
+            self.summary.value = f"&nbsp;&nbsp;{line}{why}"
         except ValueError as exc:  # e.g. a step without compute
             self.summary.value = f"&nbsp;&nbsp;<i>{html.escape(str(exc))}</i>"
         return self.figure
@@ -107,5 +113,3 @@ class TimelineExplorer(Displayable):
         """Bars (events) drawn in the current figure: handy in tests and exercises."""
         return sum(len(t.x) for t in (self.figure.data if self.figure else ()) if t.type == "bar")
 
-
-# --- run panel --------------------------------------------------------------------------------

@@ -1,0 +1,261 @@
+"""The language of what a learner reads in figures and panels: English (the default) or Chinese.
+
+The workbook's chapters are Chinese, its API English. Figures and panels therefore take their
+words from one table per language, chosen by
+
+* ``set_language("zh")`` (or ``"en"``) — for the whole kernel, e.g. at the top of a chapter;
+* ``use_language("zh")`` — a ``with`` block, for one figure or a test;
+* ``lang="zh"`` — one call: every figure function of `utils.ui.plots`, `RunPanel`,
+  `TimelineExplorer` and `metrics_table` accept it.
+
+Without any of these the language is ``$WORKBOOK_LANG`` if it names one, else English. A
+panel keeps the language it was built with (its controls are built once); figures use the
+language in force when they are drawn, unless given ``lang``. Identifiers stay as they are
+in every language (``recv_grad``, ``1f1b``, ``bubble_ratio``): Chinese labels carry them
+next to the translation, so what a learner reads matches what they type.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["LANGUAGES", "set_language", "get_language", "use_language", "resolve", "text",
+           "kind_label", "KIND_NAMES"]
+
+LANGUAGES = ("en", "zh")
+_ENV = "WORKBOOK_LANG"
+
+
+def _from_env() -> str:
+    value = os.environ.get(_ENV, "").strip().lower()
+    return value if value in LANGUAGES else "en"
+
+
+_current = _from_env()
+
+
+def _check(lang: str) -> str:
+    if lang not in LANGUAGES:
+        raise ValueError(f"language must be one of {LANGUAGES}, got {lang!r}")
+    return lang
+
+
+def set_language(lang: str) -> None:
+    """Use `lang` (``"en"`` or ``"zh"``) for every figure and panel made from now on."""
+    global _current
+    _current = _check(lang)
+
+
+def get_language() -> str:
+    """The language figures and panels use when not given ``lang``."""
+    return _current
+
+
+@contextmanager
+def use_language(lang: str) -> Iterator[str]:
+    """``with use_language("zh"): ...`` — the language inside the block, restored after."""
+    global _current
+    before, _current = _current, _check(lang)
+    try:
+        yield lang
+    finally:
+        _current = before
+
+
+def resolve(lang: str | None) -> str:
+    """`lang` checked, or the current language when it is None."""
+    return _current if lang is None else _check(lang)
+
+
+#: What each instruction kind is called in Chinese (the identifier follows it in labels).
+KIND_NAMES: dict[str, str] = {
+    "forward": "前向", "backward": "反向", "backward_input": "反向·输入梯度",
+    "backward_weight": "反向·权重梯度", "load": "加载微批", "send_act": "发送激活",
+    "recv_act": "接收激活", "send_grad": "发送梯度", "recv_grad": "接收梯度",
+    "reduce_tied_grads": "归约共享权重梯度", "reduce_grads": "梯度归约", "optimizer_step": "优化器步",
+}
+
+
+def kind_label(kind: str, lang: str | None = None) -> str:
+    """``"forward"`` in English; ``"前向 forward"`` in Chinese (unknown kinds as they are)."""
+    if resolve(lang) == "en" or kind not in KIND_NAMES:
+        return kind
+    return f"{KIND_NAMES[kind]} {kind}"
+
+
+# Every text, by key, in each language; the same keys and the same {fields} in both (tested).
+TEXTS: dict[str, dict[str, str]] = {
+    "en": {
+        # figures
+        "pipeline": "Pipeline",
+        "source.simulated": "simulated (not measured)",
+        "source.measured": "measured",
+        "timeline.title": "{name}: {source} timeline, step {step}",
+        "timeline.bubble": " · bubble ratio {bubble}",
+        "axis.time_in_step": "time in step (ms)",
+        "axis.time": "time (ms)",
+        "legend.kind": "kind",
+        "legend.part": "part",
+        "row.stage": "stage {stage}",
+        "row.stage_rank": "stage {stage} · rank {rank}",
+        "hover.bar": ("<b>%{{customdata[0]}}</b> micro-batch %{{customdata[1]}}<br>"
+                      "stage %{{customdata[5]}} · rank %{{customdata[6]}} · chunk %{{customdata[7]}}<br>"
+                      "start %{{customdata[2]:.3f}} ms · end %{{customdata[3]:.3f}} ms<br>"
+                      "duration %{{customdata[4]:.3f}} ms<extra></extra>"),
+        "tiny": "too short to see at this scale (hover or zoom in): {kinds}",
+        "summary.head": "{label} ({source}, step {step})",
+        "summary.line": "{head}: bubble {bubble} · makespan {makespan} ms · {samples} samples/s",
+        "compare.title": "{a} vs {b}",
+        "compare.delta": ": makespan ×{ratio}, bubble {bubble_a} → {bubble_b}",
+        "part.compute": "compute", "part.comm": "comm", "part.idle": "idle",
+        "breakdown.title": "Per-stage time · {diagnosis}",
+        "breakdown.makespan": "makespan {ms} ms",
+        "breakdown.slowest": "slowest",
+        "sweep.measured": "measured", "sweep.theory": "theory",
+        "sweep.title": "{y} vs {x}",
+        "memory.title": "Activation memory over time",
+        "memory.axis": "memory ({unit})",
+        "memory.count_axis": "activations ({unit})",
+        "memory.budget": "budget",
+        # the run panel
+        "panel.title": "Pipeline run",
+        "panel.history": "History and comparison",
+        "ctl.model": "model", "ctl.model_options": "model options", "ctl.stages": "stages",
+        "ctl.micro_batches": "micro-batches", "ctl.micro_batch_size": "micro-batch size",
+        "ctl.steps": "steps", "ctl.partition": "partition", "ctl.boundaries": "boundaries",
+        "ctl.schedule": "schedule", "ctl.options_hint": "e.g. blocks=4, hidden=64",
+        "ctl.boundaries_hint": "e.g. 0,3,8",
+        "partition.parameters": "parameters", "partition.uniform": "uniform",
+        "partition.profile": "profile", "partition.boundaries": "boundaries",
+        "btn.run": "Run", "btn.stop": "Stop", "btn.show": "Show", "btn.compare": "Compare",
+        "tip.run": "start a real DeepSpeed pipeline job",
+        "tip.stop": "stop every process of the job",
+        "tip.show": "show the chosen run", "tip.compare": "both timelines on one time axis",
+        "progress": "progress", "runs": "runs",
+        "plan.ok": "{processes} processes · global batch {batch} = {size} × {count}{dp} · {layers}",
+        "plan.replicas": " × {n} replicas",
+        "plan.layers": "stage {stage}: layers {first}–{last}",
+        "plan.profile": "boundaries from measured layer costs, chosen when the job starts",
+        "status.idle": "idle: set the job up and press Run",
+        "status.starting": "starting {n} processes ... {elapsed} s (imports and DeepSpeed set-up take a few seconds)",
+        "status.step": "step {step}/{steps} · loss {loss} · {sps} s/step · {elapsed} s",
+        "status.stopping": "stopping ...",
+        "status.launching": "starting ...",
+        "status.profiling": "starting (profiling the layers first) ...",
+        "status.succeeded": "<b>succeeded</b> in {seconds} s",
+        "status.ended": "<b>{state}</b>{done}",
+        "status.after": " after {done}/{steps} steps",
+        "state.stopped": "stopped", "state.failed": "failed", "state.timeout": "timeout",
+        "state.error": "error", "state.invalid": "invalid",
+        "stop.how": "Stop or Jupyter's ■ (interrupt the kernel) ends this job and all its processes.",
+        "stop.how_button": "Only Stop ends this job: ■ cannot reach it from here (no Jupyter kernel on this thread).",
+        "stop.by_interrupt": "stopped by the kernel interrupt (■)",
+        "stop.by_button": "stopped from the panel",
+        "note": "note: {text}",
+        "error.start": "cannot start: {why}",
+        "error.watch": "the panel failed while watching the job: {why}",
+        "error.compare": "cannot compare: {why}",
+        "error.empty": "run at least one job first: the history is empty",
+        "result.title": ("<b>{name}</b> · {stages} stages × {mbs} micro-batches · {schedule} · "
+                         "partition {parts}{loss}"),
+        "result.loss": " · loss {first} → {last}",
+        "diagnosis": "diagnosis:",
+        "history.label": "#{i} {model} {stages}st×{mbs}mb {schedule} {part}",
+        "history.bubble": " · median bubble {bubble} over {n} step(s)",
+        # the timeline explorer
+        "explorer.step": "step", "explorer.kinds": "kinds",
+        "explorer.summary": "step {step}: bubble {bubble} · makespan {makespan} ms",
+    },
+    "zh": {
+        "pipeline": "流水线",
+        "source.simulated": "模拟（不是测量）",
+        "source.measured": "实测",
+        "timeline.title": "{name}：{source}时间线，step {step}",
+        "timeline.bubble": " · 气泡率 {bubble}",
+        "axis.time_in_step": "步内时间 (ms)",
+        "axis.time": "时间 (ms)",
+        "legend.kind": "指令类型",
+        "legend.part": "组成",
+        "row.stage": "阶段 {stage}",
+        "row.stage_rank": "阶段 {stage} · rank {rank}",
+        "hover.bar": ("<b>%{{customdata[0]}}</b> 微批 %{{customdata[1]}}<br>"
+                      "阶段 %{{customdata[5]}} · rank %{{customdata[6]}} · chunk %{{customdata[7]}}<br>"
+                      "开始 %{{customdata[2]:.3f}} ms · 结束 %{{customdata[3]:.3f}} ms<br>"
+                      "时长 %{{customdata[4]:.3f}} ms<extra></extra>"),
+        "tiny": "在这个比例下太短、看不见（悬停或放大查看）：{kinds}",
+        "summary.head": "{label}（{source}，step {step}）",
+        "summary.line": "{head}：气泡率 {bubble} · 流水线总时长 {makespan} ms · {samples} samples/s",
+        "compare.title": "{a} 对比 {b}",
+        "compare.delta": "：流水线总时长 ×{ratio}，气泡率 {bubble_a} → {bubble_b}",
+        "part.compute": "计算 compute", "part.comm": "通信 comm", "part.idle": "空闲 idle",
+        "breakdown.title": "各阶段时间 · {diagnosis}",
+        "breakdown.makespan": "流水线总时长 {ms} ms",
+        "breakdown.slowest": "最慢",
+        "sweep.measured": "实测", "sweep.theory": "理论",
+        "sweep.title": "{y} 随 {x} 的变化",
+        "memory.title": "激活显存随时间的变化",
+        "memory.axis": "内存 ({unit})",
+        "memory.count_axis": "激活 ({unit})",
+        "memory.budget": "预算",
+        "panel.title": "流水线任务",
+        "panel.history": "历史与对比",
+        "ctl.model": "模型", "ctl.model_options": "模型参数", "ctl.stages": "阶段数",
+        "ctl.micro_batches": "微批数", "ctl.micro_batch_size": "微批大小",
+        "ctl.steps": "训练步数", "ctl.partition": "切分", "ctl.boundaries": "切分边界",
+        "ctl.schedule": "调度", "ctl.options_hint": "例如 blocks=4, hidden=64",
+        "ctl.boundaries_hint": "例如 0,3,8",
+        "partition.parameters": "parameters（按参数量）", "partition.uniform": "uniform（按层数）",
+        "partition.profile": "profile（按实测耗时）", "partition.boundaries": "boundaries（手填边界）",
+        "btn.run": "运行", "btn.stop": "停止", "btn.show": "显示", "btn.compare": "对比",
+        "tip.run": "启动一个真实的 DeepSpeed 流水线任务",
+        "tip.stop": "结束任务的所有进程",
+        "tip.show": "显示选中的运行", "tip.compare": "两条时间线画在同一个时间轴上",
+        "progress": "进度", "runs": "历史",
+        "plan.ok": "{processes} 个进程 · global batch {batch} = {size} × {count}{dp} · {layers}",
+        "plan.replicas": " × {n} 个副本",
+        "plan.layers": "阶段 {stage}：第 {first}–{last} 层",
+        "plan.profile": "任务启动时按实测的逐层耗时决定切分边界",
+        "status.idle": "空闲：设置好任务后按「运行」",
+        "status.starting": "正在启动 {n} 个进程 ... {elapsed} s（导入和 DeepSpeed 初始化要几秒）",
+        "status.step": "step {step}/{steps} · loss {loss} · {sps} s/步 · 已用 {elapsed} s",
+        "status.stopping": "正在停止 ...",
+        "status.launching": "正在启动 ...",
+        "status.profiling": "正在启动（先逐层测量耗时）...",
+        "status.succeeded": "<b>完成</b>，用时 {seconds} s",
+        "status.ended": "<b>{state}</b>{done}",
+        "status.after": "（完成 {done}/{steps} 步）",
+        "state.stopped": "已停止 stopped", "state.failed": "失败 failed", "state.timeout": "超时 timeout",
+        "state.error": "出错 error", "state.invalid": "设置无效 invalid",
+        "stop.how": "按「停止」或 Jupyter 的 ■（中断内核）都会结束这个任务的全部进程。",
+        "stop.how_button": "只有「停止」能结束这个任务：这里没有 Jupyter 内核，■ 管不到它。",
+        "stop.by_interrupt": "被内核中断 (■) 停止",
+        "stop.by_button": "在面板上停止",
+        "note": "提示：{text}",
+        "error.start": "无法启动：{why}",
+        "error.watch": "面板在监视任务时出错：{why}",
+        "error.compare": "无法对比：{why}",
+        "error.empty": "先运行至少一个任务：历史是空的",
+        "result.title": ("<b>{name}</b> · {stages} 个阶段 × {mbs} 个微批 · {schedule} · "
+                         "切分 {parts}{loss}"),
+        "result.loss": " · loss {first} → {last}",
+        "diagnosis": "诊断：",
+        "history.label": "#{i} {model} {stages} 阶段×{mbs} 微批 {schedule} {part}",
+        "history.bubble": " · 气泡率中位数 {bubble}（{n} 步）",
+        "explorer.step": "step", "explorer.kinds": "指令类型",
+        "explorer.summary": "step {step}：气泡率 {bubble} · 流水线总时长 {makespan} ms",
+    },
+}
+
+
+def text(key: str, lang: str | None = None, /, **fields) -> str:
+    """The text `key` in `lang` (default: the current language), with `fields` filled in."""
+    template = TEXTS[resolve(lang)][key]
+    return template.format(**fields) if fields else template.format()
+
+
+def fields_of(template: str) -> set[str]:
+    """The ``{names}`` a template fills in (for the consistency test)."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
