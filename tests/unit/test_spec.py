@@ -116,3 +116,71 @@ def test_for_this_machine_fits_the_model_to_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert (JobSpec.for_this_machine(num_stages=2).model, JobSpec.for_this_machine(num_stages=2).device) == ("gpt", "cpu")
     assert JobSpec.for_this_machine(num_stages=2, model="mlp").model == "mlp"
+
+
+# --- what a batch mismatch suggests (issue 16, point 4) ------------------------------------------
+def _suggested_specs(spec):
+    """Every spec the error message proposes, read back from the message itself."""
+    import re
+    from dataclasses import replace
+
+    with pytest.raises(ValueError) as caught:
+        spec.check()
+    message = str(caught.value)
+    advice = message.partition("DeepSpeed asserts they are equal. ")[2]
+    assert advice, message
+    # Only whole numbers: a fractional value ("micro_batches to 7.5") cannot be typed into a spec.
+    assert not re.search(r"\d\.\d", advice), message
+    specs = []
+    for option in re.split(r", or |; or ", advice.removeprefix("Change it: ").removeprefix("Change ")):
+        if option.startswith("drop train_batch_size"):
+            specs.append(replace(spec, train_batch_size=None))
+            continue
+        first = re.fullmatch(r"(\w+) to (\d+)(?: with (.*))?", option)
+        assert first, f"unreadable suggestion {option!r} in: {message}"
+        changes = {first[1]: int(first[2])}
+        for extra in filter(None, (first[3] or "").split(" and ")):
+            name, _, value = extra.partition("=")
+            changes[name] = int(value)
+        specs.append(replace(spec, **changes))
+    return message, specs
+
+
+def test_the_chapter_1_mismatch_suggests_whole_counts_that_pass():
+    # Chapter 1 shows this spec being refused; before, the message said "Change micro_batches to 7.5".
+    spec = JobSpec(num_stages=4, micro_batch_size=8, micro_batches=8, train_batch_size=60)
+    message, specs = _suggested_specs(spec)
+    assert "7.5" not in message
+    assert "train_batch_size to 56 with micro_batches=7" in message
+    assert "micro_batch_size to 6 with micro_batches=10" in message
+    assert "micro_batch_size to 10 with micro_batches=6" in message
+    assert message.endswith("or drop train_batch_size (it is then derived)")
+    for suggested in specs:
+        suggested.check()  # every suggestion is a spec that runs
+    kept = [s for s in specs if s.train_batch_size == 60]
+    assert {(s.micro_batch_size, s.micro_batches) for s in kept} == {(6, 10), (10, 6)}
+
+
+@pytest.mark.parametrize("data_parallel", [1, 2, 3])
+def test_every_batch_suggestion_is_valid(data_parallel):
+    """Over a grid of mismatches: each suggestion, applied as written, passes check(), and
+    the nearest fix that keeps the intended batch is offered whenever one exists."""
+    from utils.jobs.spec import batch_fixes
+
+    for target in range(1, 41):
+        for size in range(1, 7):
+            for count in range(1, 7):
+                spec = JobSpec(**SMALL, num_stages=1, data_parallel=data_parallel, micro_batch_size=size,
+                               micro_batches=count, train_batch_size=target)
+                if target == spec.global_batch:
+                    assert batch_fixes(spec) == []
+                    continue
+                _, specs = _suggested_specs(spec)
+                assert len(specs) == len(batch_fixes(spec)) >= 2
+                for suggested in specs:
+                    suggested.check()
+                keeps_batch = [s for s in specs if s.train_batch_size == target]
+                if target % data_parallel == 0:  # some micro-batch size and count give the batch
+                    assert keeps_batch, (target, size, count, data_parallel)
+                if target % (size * data_parallel) == 0:  # the count alone fixes it: offered first
+                    assert specs[0] == JobSpec(**{**spec.to_dict(), "micro_batches": target // (size * data_parallel)})

@@ -11,7 +11,8 @@ process left behind:
 - a rank dies        -> the launcher reports the root cause; the same error names it;
 - a rank hangs       -> after `spec.timeout` the job is stopped and the error names the
                         instruction each rank was executing;
-- Ctrl-C / the notebook's stop button -> the job is stopped, state "stopped".
+- Ctrl-C / the notebook's stop button -> the job is stopped, state "stopped", and
+                        `JobStopped` (a KeyboardInterrupt) says so in one line.
 
 `start_job` returns the `RunningJob` handle that widgets drive without blocking.
 """
@@ -65,6 +66,25 @@ class JobFailed(RuntimeError):
         self.run = run
 
 
+class JobStopped(KeyboardInterrupt):
+    """Ctrl-C or the notebook's ■ stopped a job that `RunningJob.wait` was watching, and
+    every process of it ended.
+
+    A KeyboardInterrupt still (a script or a "run all" stops there, as the learner asked),
+    but one line instead of a traceback into this module: the stop was asked for and
+    worked, so there is nothing to debug. IPython shows exceptions through
+    `_render_traceback_` when they have one.
+    """
+
+    def __init__(self, message: str, run_path: Path | None):
+        super().__init__(message)
+        self.run_path = run_path
+        """The stopped job's run directory (None when it was stopped before it had one)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [str(self)]
+
+
 class RunningJob:
     """A started job: poll it, stop it, or wait for its `Run`."""
 
@@ -72,6 +92,8 @@ class RunningJob:
         self.plan, self.run_dir, self.launcher, self.command = plan, run_dir, launcher, command
         self.spec, self.path, self.notes = plan.spec, run_dir.path, list(plan.notes)
         self.started = time.time()
+        self.ended: float | None = None
+        """When this object saw the job end (stopped, failed or finished)."""
         self.state: RunState = "running"
         self.error: str | None = None
         self._started_ranks: set[int] = set()
@@ -113,8 +135,14 @@ class RunningJob:
         if self.state == "running":
             self._finish("stopped", reason)
 
-    def wait(self, *, on_progress: Callable[[list[dict]], None] | None = None) -> Run:
-        """Block until the job ends; raise `JobFailed` unless it succeeded. Ctrl-C stops it."""
+    def wait(self, *, on_progress: Callable[[list[dict]], None] | None = None,
+             on_poll: Callable[[list[dict]], None] | None = None) -> Run:
+        """Block until the job ends; raise `JobFailed` unless it succeeded.
+
+        `on_progress` gets the progress rows whenever a step finished; `on_poll` gets them
+        at every poll (5 times a second), for a display whose clock runs. Ctrl-C (the
+        notebook's ■) stops every process of the job and raises `JobStopped`.
+        """
         seen = -1
         try:
             while self.poll() == "running":
@@ -122,14 +150,35 @@ class RunningJob:
                 if on_progress and len(rows) != seen:
                     seen = len(rows)
                     on_progress(rows)
+                if on_poll:
+                    on_poll(rows)
                 time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
-            self.stop("interrupted (KeyboardInterrupt)")
+            raise JobStopped(self._stop_on_interrupt(), self.path) from None
+        except Exception:  # a callback failed: the job must not run on unwatched
+            self.stop("the process watching it failed")
             raise
         rows = self.progress()
         if on_progress and len(rows) != seen:  # steps that finished after the last poll
             on_progress(rows)
         return self.result()
+
+    def _stop_on_interrupt(self) -> str:
+        """Stop the job after a KeyboardInterrupt, even through more of them (a learner
+        pressing ■ twice must not leave ranks running), and say in one line what became
+        of its processes."""
+        while True:
+            try:
+                self.stop("stopped by you (KeyboardInterrupt)")
+                left = sorted(p.pid for p in self.launcher.workers().values())
+                break
+            except KeyboardInterrupt:
+                continue
+        n = self.spec.world_size
+        if left:
+            return (f"已停止，但仍有 {len(left)} 个进程在运行 (stopped, but {len(left)} processes still run: "
+                    f"pids {left}); run directory {self.path}")
+        return f"已按你的要求停止：{n} 个进程全部结束 (stopped by you; all {n} processes ended)"
 
     def result(self) -> Run:
         run = Run.load(self.path)
@@ -144,7 +193,7 @@ class RunningJob:
     def _finish(self, state: RunState, error: str | None) -> None:
         self.launcher.stop()
         _LIVE_JOBS.discard(self)
-        self.state, self.error = state, error
+        self.state, self.error, self.ended = state, error, time.time()
         try:
             self.run_dir.write_status(state=state, error=error, started=self.started, finished=time.time(),
                                       command=self.command, notes=self.notes)
@@ -164,7 +213,9 @@ class RunningJob:
             return (f"the run directory {self.path} is not writable, so the ranks could not record their "
                     "steps; make it writable (or choose another folder: WORKBOOK_RUNS) and run again")
         code = self.launcher.returncode()
-        if code is not None and code < 0 and not errors:  # the launcher itself was killed
+        # The launcher itself was killed: its ranks exit with it (any errors are only peers
+        # losing each other, whichever rank noticed first), so name the launcher.
+        if code is not None and code < 0:
             return (f"{self.launcher.name} (the launcher, pid {self.launcher.pid}) was killed by "
                     f"{signal.Signals(-code).name}; its ranks ended with it. Something outside the job "
                     "killed it: the out-of-memory killer, a `kill`, a job scheduler")
@@ -256,9 +307,14 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None,
     run_dir.write_plan(plan.to_record())
     command = launcher.command(plan, run_dir)
     run_dir.write_command(command)
-    launcher.start(plan, run_dir)
-    job = RunningJob(plan, run_dir, launcher, command)
-    _LIVE_JOBS.add(job)
+    try:
+        launcher.start(plan, run_dir)
+        job = RunningJob(plan, run_dir, launcher, command)
+        _LIVE_JOBS.add(job)
+    except BaseException:  # Ctrl-C while starting: no job handle exists yet to stop them later
+        if launcher.pid is not None:
+            launcher.stop()
+        raise
     run_dir.write_status(state="running", error=None, started=job.started, finished=None,
                          command=command, notes=job.notes, launcher_pid=os.getpid())
     return job
@@ -269,16 +325,33 @@ def run_job(spec: JobSpec | None = None, *, directory: str | Path | None = None,
     """Run a real DeepSpeed pipeline job to the end and return its `Run`.
 
     ``run_job(JobSpec(num_stages=4))`` or ``run_job(num_stages=4)``. `progress`: True shows
-    "step k/N, loss" (a live line in a notebook, a line per step in a terminal), False is
-    silent, a callable receives the progress rows. Raises `JobFailed` if the job fails.
+    the job's phase and elapsed time (starting N processes, compiling, step k/N with loss and
+    s/step; `utils.jobs.progress.ProgressLine`: one updating line in a notebook or a
+    terminal), False is silent, a callable receives the progress rows after every step.
+    Raises `JobFailed` if the job fails, `JobStopped` (one line) when Ctrl-C / ■ stopped it.
     """
     if spec is None:
         spec = JobSpec(**fields)
     elif fields:
         raise TypeError("give either a JobSpec or its fields, not both")
-    job = start_job(spec, directory=directory)
-    reporter = progress if callable(progress) else (ProgressLine(job) if progress else None)
-    return job.wait(on_progress=reporter)
+    try:
+        job = start_job(spec, directory=directory)
+    except KeyboardInterrupt:  # while planning or profiling: start_job left nothing running
+        raise JobStopped("已按你的要求停止：任务还没有启动，没有进程在运行 "
+                         "(stopped by you before the job started; no process runs)", None) from None
+    if callable(progress) or not progress:
+        return job.wait(on_progress=progress or None)
+    line = None
+    try:
+        line = ProgressLine(job)
+        return job.wait(on_poll=line.update)
+    except KeyboardInterrupt as exc:  # between start and wait: stopped the same way
+        if isinstance(exc, JobStopped):
+            raise
+        raise JobStopped(job._stop_on_interrupt(), job.path) from None
+    finally:
+        if line is not None:
+            line.close()  # the end state, whatever ended it
 
 
 def _is_peer_failure(error: dict) -> bool:

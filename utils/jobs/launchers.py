@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
-from utils.system.extensions import build_locks, remove_stale_build_locks
+from utils.system.extensions import LOCK_NAME, build_locks, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
 from utils.system.procs import end_process_tree
 
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
 
 RANK_PROGRAM = "utils.runtime.rank"
 """The module every rank runs: ``python -m utils.runtime.rank RUN_DIR``."""
+SHOWN_ENVIRONMENT = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR")
+"""The launch environment a pasted command repeats (the rest is the terminal's own)."""
+WARM_LOAD_SECONDS = 2.0
+"""Longer than a load of an already compiled op holds its build lock."""
 
 @dataclass(frozen=True)
 class ExitReport:
@@ -69,6 +74,10 @@ class Launcher(ABC):
         """A sentence about build locks the ranks may be waiting for, or None (for the hang
         report). Launchers that build nothing on this machine have none."""
         return None
+
+    def building_ops(self) -> list[str]:
+        """Names of the ops the ranks are compiling now (for the progress line); none by default."""
+        return []
 
     @abstractmethod
     def command(self, plan: JobPlan, run_dir: RunDir) -> str:
@@ -145,9 +154,41 @@ class LocalTorchrun(Launcher):
         return env
 
     def command(self, plan: JobPlan, run_dir: RunDir) -> str:
+        """A command that works as pasted into any terminal, venv activated or not.
+
+        ``torchrun`` is not on the PATH outside an activated venv, so the command names this
+        interpreter (an absolute path) and runs ``-m torch.distributed.run``, torchrun's own
+        module. ``env`` sets what the ranks need to run as the notebook ran them (threads per
+        rank, the device, the extensions folder holding DeepSpeed's compiled communication op:
+        without it a terminal run would compile it again, for minutes) in any POSIX shell.
+        Run so, rank 0 prints its phases and steps to the terminal (`utils.runtime.rank`).
+        """
         env = self.environment(plan)
-        shown_env = " ".join(f"{k}={env[k]}" for k in ("OMP_NUM_THREADS", "DS_ACCELERATOR") if k in env)
-        return f"cd {shlex.quote(str(PROJECT_ROOT))} && {shown_env} torchrun {shlex.join(self._args(plan, run_dir))}"
+        shown = [f"{k}={env[k]}" for k in SHOWN_ENVIRONMENT if k in env]
+        argv = ["env", *shown, *self.argv(plan, run_dir)]
+        return f"cd {shlex.quote(str(PROJECT_ROOT))} && {shlex.join(argv)}"
+
+    def argv(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
+        """The launcher's argument vector: this interpreter running torchrun's module."""
+        return [sys.executable, "-m", "torch.distributed.run", *self._args(plan, run_dir)]
+
+    def building_ops(self) -> list[str]:
+        """The DeepSpeed ops being JIT-compiled now: those whose build lock exists and which
+        have no library yet, or whose lock is older than a load takes (a warm load holds it
+        for a moment too). The first job in an environment compiles the CPU communication op
+        (``deepspeed_shm_comm``) for one to two minutes: what a progress line should say."""
+        if self.extensions_dir is None:
+            return []
+        now, found = time.time(), []
+        for lock in sorted(self.extensions_dir.glob(f"*/{LOCK_NAME}")):
+            op = lock.parent
+            try:
+                age = now - lock.stat().st_mtime
+            except OSError:  # released meanwhile
+                continue
+            if age > WARM_LOAD_SECONDS or not (op / f"{op.name}.so").exists():
+                found.append(op.name)
+        return found
 
     def start(self, plan: JobPlan, run_dir: RunDir) -> None:
         env = self.environment(plan)
@@ -169,7 +210,7 @@ class LocalTorchrun(Launcher):
                           f"{', '.join(map(str, removed))}\n".encode())
                 log.flush()  # before torchrun writes to the same file
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", *self._args(plan, run_dir)],
+                self.argv(plan, run_dir),
                 cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
 

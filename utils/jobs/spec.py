@@ -153,9 +153,7 @@ class JobSpec:
                 raise ValueError(
                     f"train_batch_size={self.train_batch_size} but micro_batch_size × micro_batches × "
                     f"data_parallel = {self.micro_batch_size} × {self.micro_batches} × {self.data_parallel} = "
-                    f"{self.global_batch}; DeepSpeed asserts they are equal. Change micro_batches to "
-                    f"{self.train_batch_size / (self.micro_batch_size * self.data_parallel):g} or drop "
-                    "train_batch_size")
+                    f"{self.global_batch}; DeepSpeed asserts they are equal. {_say_fixes(self, batch_fixes(self))}")
         if isinstance(self.partition, str):
             if self.partition not in PARTITION_METHODS:
                 raise ValueError(f"unknown partition {self.partition!r}; use one of {PARTITION_METHODS} "
@@ -213,6 +211,58 @@ class JobSpec:
         if data.get("fault") is not None:
             data["fault"] = Fault(**data["fault"])
         return cls(**data)
+
+
+def batch_fixes(spec: JobSpec, *, most: int = 4) -> list[dict[str, int | None]]:
+    """Changes that make `spec`'s batch fields agree (``train_batch_size`` = micro_batch_size ×
+    micro_batches × data_parallel), nearest first, each a dict of fields to set.
+
+    Only whole, valid counts are offered, because the error message hands them to a learner
+    as is: "change micro_batches to 7.5" cannot be typed into a spec. In order: the
+    micro-batch count that fits the intended batch; else the micro-batch size that fits it
+    with the same count; else the nearest batches the current micro-batch size reaches, and
+    the micro-batch sizes nearest the current one that divide the batch (with their count).
+    Dropping ``train_batch_size`` (``None``: derive it) always works and comes last. At most
+    `most` changes besides that one. An empty list when the fields already agree.
+    """
+    target, size, count, replicas = (spec.train_batch_size, spec.micro_batch_size, spec.micro_batches,
+                                     spec.data_parallel)
+    if target is None or target == spec.global_batch:
+        return []
+    fixes: list[dict[str, int | None]] = []
+    unit = size * replicas  # samples one micro-batch adds to the global batch
+    if target % unit == 0:
+        fixes.append({"micro_batches": target // unit})
+    elif target % (count * replicas) == 0:
+        fixes.append({"micro_batch_size": target // (count * replicas)})
+    if not fixes:
+        below = target // unit * unit
+        for batch in (below, below + unit):
+            if batch >= unit:  # at least one micro-batch
+                fixes.append({"train_batch_size": batch, "micro_batches": batch // unit})
+        if target % replicas == 0:
+            per_replica = target // replicas
+            sizes = sorted((d for d in range(1, per_replica + 1) if per_replica % d == 0 and d != size),
+                           key=lambda d: (abs(d - size), d))
+            fixes += [{"micro_batch_size": d, "micro_batches": per_replica // d} for d in sizes[:2]]
+    fixes = [{k: v for k, v in fix.items() if getattr(spec, k) != v} for fix in fixes[:most]]
+    return [fix for fix in fixes if fix] + [{"train_batch_size": None}]
+
+
+def _say_fixes(spec: JobSpec, fixes: list[dict[str, int | None]]) -> str:
+    """`batch_fixes` as one sentence: "Change micro_batches to 4, or drop train_batch_size"."""
+    said = []
+    for fix in fixes:
+        if fix == {"train_batch_size": None}:
+            said.append("drop train_batch_size (it is then derived)")
+            continue
+        (first, value), *rest = fix.items()
+        also = " and ".join(f"{k}={v}" for k, v in rest)
+        said.append(f"{first} to {value}" + (f" with {also}" if also else ""))
+    *options, last = said
+    if not options:
+        return f"Change it: {last}"
+    return "Change " + ", or ".join(options) + f"; or {last}"
 
 
 _COUNT_FIELDS = ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps")

@@ -300,17 +300,56 @@ def _launcher_watch():
     return alive
 
 
+class TerminalProgress:
+    """Rank 0's phases and steps, one line each, on the terminal a job was started from by
+    hand (its ``command.txt``): everything else a rank prints goes to its log, so without
+    this a terminal run shows nothing for its whole length. A `StepHook`."""
+
+    def __init__(self, out, run_dir: RunDir):
+        self.out, self.run_dir, self.started = out, run_dir, time.time()
+
+    def say(self, text: str) -> None:
+        try:
+            print(f"[rank 0 · {time.time() - self.started:.0f} s] {text}", file=self.out, flush=True)
+        except (OSError, ValueError):  # the terminal is gone (closed, a broken pipe): train on
+            pass
+
+    def before_step(self, state: RankState, step: int) -> None:
+        if step == 0:
+            self.say(f"引擎就绪，开始训练 (engine ready; training {state.spec.steps} steps)")
+
+    def after_step(self, state: RankState, step: int, loss: float, seconds: float) -> None:
+        n = state.spec.steps
+        self.say(f"第 {step + 1}/{n} 步 (step {step + 1}/{n}) · loss {loss:.4f} · {seconds:.2f} s/step")
+
+
+def _terminal_progress(run_dir: RunDir, moved: str | None) -> TerminalProgress | None:
+    """For rank 0 of a run started by hand (`_record_into` moved it): a `TerminalProgress`
+    on a copy of the terminal's stdout, taken before `_redirect_output` replaces it."""
+    if RANK != 0 or moved is None:
+        return None
+    return TerminalProgress(os.fdopen(os.dup(1), "w", buffering=1), run_dir)
+
+
 def main() -> None:
     _exit_with_parent()
     run_dir, moved = _record_into(RunDir(Path(sys.argv[1]).resolve()))
     if moved and RANK == 0:  # the one line a terminal shows before the output goes to the logs
         print(f"this run is recorded in {run_dir.path}, not in {sys.argv[1]}: {moved}", flush=True)
+    terminal = _terminal_progress(run_dir, moved)
     _redirect_output(run_dir)
     try:
+        if terminal:
+            terminal.say("正在导入并构建 DeepSpeed 引擎 (setting up DeepSpeed: a few seconds; the first job in "
+                         "an environment also compiles its communication op, 1-2 min)")
         state = setup(run_dir, RANK)
-        train(state)
+        train(state, [terminal] if terminal else [])
         report(state)
+        if terminal:
+            terminal.say(f"完成 (done): {state.spec.steps} steps; record in {run_dir.path}")
     except BaseException as exc:  # record why, then fail loudly so the launcher stops the others
+        if terminal:
+            terminal.say(f"失败 (failed): {type(exc).__name__}: {exc}; log: {run_dir.rank_log(RANK)}")
         spec = run_dir.read_spec() or {}
         run_dir.write_error(RANK, {
             # DeepSpeed's stage-major layout, from the spec: known even when no engine was built.
