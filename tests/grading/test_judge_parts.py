@@ -149,3 +149,29 @@ def test_a_kernel_reply_is_reduced_to_known_fields():
     assert len(_sanitised({"raised": ["ValueError"], "message": "x" * 10_000}, ok)["message"]) <= 2000
     assert _sanitised({"value": 3}, ok) == {"unsendable": "a reply the grader cannot read"}
     assert _sanitised(None, CellOutcome("error", "SystemExit", "0"))["raised"] == ["RuntimeError"]
+
+
+def test_progress_lines_show_each_new_step_with_one_worker_and_every_30_s_with_more(tmp_path):
+    import time
+    from types import SimpleNamespace
+
+    from utils.grading.batch import PROGRESS_EVERY, _show_progress
+
+    (tmp_path / "instructor").mkdir()
+    progress = tmp_path / "instructor" / "ann.progress"
+    started = time.monotonic()
+    running = {1: (None, SimpleNamespace(student="ann"), started, None)}
+    lines: list[str] = []
+    shown: dict = {}
+    for step in ("step 1/3: code cell 1", "step 1/3: code cell 1", "step 2/3: check a"):
+        progress.write_text(step, encoding="utf-8")
+        _show_progress(running, tmp_path, 1, lines.append, shown)
+    assert [line.split(" — ")[0].strip() for line in lines] == ["ann: step 1/3: code cell 1", "ann: step 2/3: check a"]
+    lines.clear()
+    progress.write_text("step 3/3: check b", encoding="utf-8")
+    _show_progress(running, tmp_path, 2, lines.append, shown)  # several workers: not yet
+    assert lines == []
+    running = {1: (None, SimpleNamespace(student="ann"), started - PROGRESS_EVERY, None)}
+    shown = {}
+    _show_progress(running, tmp_path, 2, lines.append, shown)
+    assert len(lines) == 1 and "step 3/3: check b" in lines[0] and lines[0].endswith(" s")

@@ -281,6 +281,26 @@ def grade_batch(lab_path: LabSource | str | Path, submissions: str | Path, out: 
     return sorted(results, key=lambda r: r.student)
 
 
+PROGRESS_EVERY = 30.0
+"""Seconds between two progress lines of one submission (a new step shows at once when a
+single worker grades, as `validate` does)."""
+
+
+def _show_progress(running: dict, out: Path, workers: int, echo: Callable[[str], None],
+                   shown: dict[str, tuple[str, float]]) -> None:
+    """Echo what each long-running submission is doing: its step and elapsed time."""
+    now = time.monotonic()
+    for _, s, started, _ in running.values():
+        try:
+            step = (out / "instructor" / f"{safe_name(s.student)}.progress").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        last_step, last_time = shown.get(s.student, ("", started))
+        if (step != last_step and workers <= 1) or now - last_time >= PROGRESS_EVERY:
+            echo(f"    {s.student}: {step} — {now - started:.0f} s")
+            shown[s.student] = (step, now)
+
+
 def _remove_leftovers(out: Path) -> None:
     """Temporary files of `write_atomic` that a killed batch left in `out`."""
     for folder in (out, out / "feedback", out / "instructor"):
@@ -305,6 +325,7 @@ def _run_queue(lab: LabSource, queue: list[Submission], running: dict, results: 
                publish: Callable[[SubmissionResult | None], None], known: set[int]) -> None:
     """Start up to `workers` grading processes at a time until `queue` is done; publish
     every result as soon as it is known."""
+    shown: dict[str, tuple[str, float]] = {}
     while queue or running:
         while queue and len(running) < max(1, workers):
             s = queue.pop(0)
@@ -312,13 +333,14 @@ def _run_queue(lab: LabSource, queue: list[Submission], running: dict, results: 
             result_path = out / "instructor" / f"{name}.result.json"
             result_path.unlink(missing_ok=True)
             child_options = replace(options, executed_path=out / "instructor" / f"{name}.ipynb",
-                                    extra_files=s.folder)
+                                    extra_files=s.folder, progress_path=out / "instructor" / f"{name}.progress")
             process = context.Process(target=_child, args=(lab, s, child_options, str(result_path),
                                                            str(out / "instructor" / f"{name}.log"),
                                                            stamps[s.student], budget, os.getpid()), daemon=False)
             process.start()
             running[process.sentinel] = (process, s, time.monotonic(), result_path)
         wait(list(running), timeout=1.0)
+        _show_progress(running, out, workers, echo, shown)
         for sentinel in list(running):
             process, s, started, result_path = running[sentinel]
             elapsed = time.monotonic() - started
@@ -339,6 +361,8 @@ def _run_queue(lab: LabSource, queue: list[Submission], running: dict, results: 
                                                      f"评分进程异常退出（exit code {process.exitcode}）",
                                                      seconds=elapsed)
             del running[sentinel]
+            shown.pop(s.student, None)
+            (out / "instructor" / f"{safe_name(s.student)}.progress").unlink(missing_ok=True)
             _end_adopted(known, {p.pid for p, *_ in running.values()})
             results.append(result)
             publish(result)
@@ -387,9 +411,13 @@ def validate(lab_path: LabSource | str | Path, out: str | Path, *, runs_out: str
         second.mkdir()
         (first / "solution.ipynb").write_text(lab.path.read_text(encoding="utf-8"), encoding="utf-8")
         (second / "student_copy.ipynb").write_text(dumps(lab.student_copy()), encoding="utf-8")
+        echo(f"validate {lab.name}, 1/2: the solution must earn full marks. Its set-up cells run the lab's "
+             "real jobs unless recorded runs are given (lab01: about 1 min on 2 cores, lab02: about 20 s)")
         solution = grade_batch(lab, first, out, workers=1, echo=echo, write=False, budget=budget,
                                options=replace(options, keep_runs=runs_out))[0]
         runs = runs_out if runs_out.exists() else options.runs
+        echo(f"validate {lab.name}, 2/2: the unchanged student copy must earn nothing (reuses the runs just "
+             "recorded: seconds)")
         empty = grade_batch(lab, second, out, workers=1, echo=echo, write=False, budget=budget,
                             options=replace(options, runs=runs))[0]
     write_outputs(out, [solution, empty], lab)

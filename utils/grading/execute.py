@@ -349,7 +349,8 @@ class KernelSession:
 
 async def run_cells(cells: list[Step], workdir: Path, env: dict[str, str], limits: Limits, *,
                     log: Callable[[str], None] = lambda text: None, budget: Budget | None = None,
-                    contained: Containment | None = None) -> list[CellOutcome]:
+                    contained: Containment | None = None,
+                    on_step: Callable[[int], None] = lambda index: None) -> list[CellOutcome]:
     """Run `cells` in order in a fresh kernel; one outcome per cell, in the same order.
 
     A failing cell never stops the rest. After a timeout the kernel is interrupted; if it
@@ -358,6 +359,7 @@ async def run_cells(cells: list[Step], workdir: Path, env: dict[str, str], limit
     cell. After more than `MAX_RESTARTS` restarts no kernel is started and the remaining
     cells are not run.
 
+    `on_step(i)` is called before step `i` starts (progress for the instructor).
     `contained` defaults to the process's active `Containment` (a grading worker); `budget`
     to its budget, else `Budget()` (only the output bounds apply without a containment).
     """
@@ -374,7 +376,8 @@ async def run_cells(cells: list[Step], workdir: Path, env: dict[str, str], limit
     restarts = 0
     await session.start()
     try:
-        for cell in cells:
+        for index, cell in enumerate(cells):
+            on_step(index)
             if session is None:
                 outcomes.append(CellOutcome("not_run", "NotRun", "too many kernel restarts"))
                 continue

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -285,6 +286,8 @@ class Options:
     """A runs folder the judges share (the grader's own, never shown to a kernel): the first
     judge that needs the lab's jobs records them there and later judges find them. None:
     each judge starts from a copy of `runs` (or from nothing)."""
+    progress_path: Path | None = None
+    """A file rewritten before every step with what runs now (`batch` shows it)."""
     extra_files: Path | None = None
     """A folder whose files are copied into the working directory (a submission folder);
     dot-files and dot-folders (``.ipython/``, ``.config/``...) are left out."""
@@ -330,7 +333,8 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
         steps = [Cell(p.source, p.timeout) if p.check is None else JudgedCheck(p.check, p.timeout, judge)
                  for p in planned]
         try:
-            outcomes = await run_cells(steps, workdir, kernel_env(workdir, PROJECT_ROOT), limits, log=log)
+            outcomes = await run_cells(steps, workdir, kernel_env(workdir, PROJECT_ROOT), limits, log=log,
+                                       on_step=_progress_writer(planned, options.progress_path))
         except JudgeError as error:
             # The lab source itself failed in the judge: nobody's answers can be judged.
             log(f"judge: {error}")
@@ -350,6 +354,20 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
         shutil.rmtree(judge_dir, ignore_errors=True)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _progress_writer(planned: list[Planned], path: Path | None):
+    """``on_step`` for `run_cells`: write "step i/n: what" to `path` (atomically)."""
+    def write(index: int) -> None:
+        if path is None:
+            return
+        p = planned[index]
+        what = (f"check {p.check.id}" if p.check is not None
+                else f"code cell {p.number}" + (f" (up to {p.timeout:g} s)" if p.timeout > 300 else ""))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(f"step {index + 1}/{len(planned)}: {what}", encoding="utf-8")
+        os.replace(tmp, path)
+    return write
 
 
 def _reference_timeout(lab: LabSource, timeout: float) -> float:
