@@ -12,6 +12,9 @@ cells from the Run menu.
   job and Jupyter's ■ (the toolbar's interrupt button) stops it, every process gone, the panel
   saying so; a 2-stage job from the changed controls succeeds; A/B comparison draws both runs
   with a legend that does not scroll and choices whose text is not clipped.
+* `utils.run_job` in a scratch notebook (written into the server's root, removed after): its
+  one live line names the phase with elapsed seconds, ■ ends the job with one line and no
+  traceback or process left, a finished run ends on "完成 (succeeded) · 3/3 steps".
 
 Screenshots are saved under ``artifacts/`` (kept by CI as test artifacts).
 
@@ -22,6 +25,7 @@ The server and its kernels are always stopped, and every wait is bounded.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -413,3 +417,87 @@ def test_chapter_one_panel_stop_by_interrupt_and_compare(jupyterlab, page):
         page.screenshot(path=str(ARTIFACTS / "chapter01-failure.png"))
         print(_tail(jupyterlab["log"], 60))
         raise
+
+
+# --- run_job's progress line, ■, and the final line ------------------------------------------------
+RUN_JOB_NOTEBOOK = "run_job_progress.ipynb"   # written by the test into the server's root, removed after
+LONG_STEPS = 2000                              # the job that ■ stops: far more steps than it gets to
+
+
+def _run_job_notebook() -> nbformat.NotebookNode:
+    """Cell 1 runs a 3-step job to the end (its final line), cell 2 a long one for ■."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    spec = dict(SMALL_GPT, num_stages=2, micro_batches=2, steps=3, device="cpu", timeout=240)
+    long_spec = dict(spec, steps=LONG_STEPS, timeout=600)
+    nb.cells = [
+        nbformat.v4.new_code_cell(f"import utils\nrun = utils.run_job(utils.JobSpec(**{spec!r}))"),
+        nbformat.v4.new_code_cell(f"utils.run_job(utils.JobSpec(**{long_spec!r}))"),
+    ]
+    return nb
+
+
+def test_run_job_progress_stop_and_final_line(jupyterlab, page):
+    """`utils.run_job` in a notebook cell, as issue 16 points 5 and 6 ask: one live line with
+    the phase and the seconds since launch; ■ ends the job with one line, no traceback and no
+    process left; a finished run's last line. Screenshots: run-job-done.png,
+    run-job-progress.png, run-job-stopped.png."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    runs, path = jupyterlab["runs"], jupyterlab["root"] / RUN_JOB_NOTEBOOK
+    nbformat.write(_run_job_notebook(), path)
+    try:
+        page.goto(f"{jupyterlab['url']}/lab/workspaces/runjob/tree/{RUN_JOB_NOTEBOOK}?reset"
+                  f"&token={jupyterlab['token']}", timeout=PAGE_S * 1000, wait_until="domcontentloaded")
+        page.locator(".jp-Notebook").first.wait_for(timeout=PAGE_S * 1000)
+        _run_all_cells(page)
+        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+        done_out = notebook.locator(".jp-CodeCell").nth(0).locator(".jp-OutputArea")
+        long_out = notebook.locator(".jp-CodeCell").nth(1).locator(".jp-OutputArea")
+
+        # (c) the 3-step job: its line ends as "完成 (succeeded) · 3/3 steps · 共 N s (total)"
+        done_out.get_by_text("完成 (succeeded) · 3/3 steps", exact=False).first.wait_for(
+            timeout=JOB_S * 1000)
+        done_text = done_out.inner_text()
+        assert re.search(r"完成 \(succeeded\) · 3/3 steps · 共 \d+ s \(total\)", done_text), done_text
+        assert "Traceback" not in done_text and "'" not in done_text.split("\n")[-1], done_text
+        done_out.scroll_into_view_if_needed()
+        done_out.screenshot(path=str(ARTIFACTS / "run-job-done.png"))
+
+        # (a) the long job, while it runs: one line with the phase and the elapsed seconds
+        line = re.compile(r"(正在启动 \d+ 个进程|正在编译|第 \d+/\d+ 步).* · \d+ s$", re.M)
+        _wait_until(page, lambda: "s/step" in long_out.inner_text(), 120, "run_job's step line")
+        progress_text = long_out.inner_text()
+        assert line.search(progress_text), progress_text
+        assert re.search(rf"第 \d+/{LONG_STEPS} 步 \(step \d+/{LONG_STEPS}\) · loss [\d.]+ · [\d.]+ s/step",
+                         progress_text), progress_text
+        assert len(long_out.locator(".jp-OutputArea-output", has_text="stages ×").all()) == 1, \
+            "the progress line is not one display updated in place"
+        long_out.scroll_into_view_if_needed()
+        long_out.screenshot(path=str(ARTIFACTS / "run-job-progress.png"))
+        assert processes_of(runs), "the long job's processes are not running"
+
+        # (b) ■: one line saying the job stopped and all its processes ended, no traceback
+        _interrupt_kernel(page)
+        pressed = time.monotonic()
+        long_out.get_by_text("已按你的要求停止", exact=False).first.wait_for(timeout=STOP_S * 1000)
+        print(f"■ to run_job's one line: {time.monotonic() - pressed:.1f} s")
+        _wait_until(page, lambda: processes_of(runs) == [], STOP_S, "every process of the stopped job ending")
+        page.wait_for_timeout(500)  # the progress line's last update (its end state)
+        stopped_text = long_out.inner_text()
+        assert stopped_text.count("已按你的要求停止") == 1, stopped_text
+        assert "已按你的要求停止：2 个进程全部结束 (stopped by you; all 2 processes ended)" in stopped_text, \
+            stopped_text
+        for alarm in ("Traceback", "KeyboardInterrupt", "launch.py", "File \""):
+            assert alarm not in stopped_text, f"{alarm!r} in the stopped cell:\n{stopped_text}"
+        assert "已停止 (stopped)" in stopped_text, stopped_text
+        long_out.scroll_into_view_if_needed()
+        long_out.screenshot(path=str(ARTIFACTS / "run-job-stopped.png"))
+        assert (ARTIFACTS / "run-job-stopped.png").stat().st_size > 5_000
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "run-job-failure.png"))
+        print(_tail(jupyterlab["log"], 60))
+        raise
+    finally:
+        page.goto("about:blank")  # no autosave brings the scratch notebook back
+        path.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ read from the files a job leaves (build locks, status slots, progress rows), so 
 those files walks it through every phase.
 """
 
+import html
 import io
 import json
 import os
@@ -148,3 +149,29 @@ def test_the_terminal_command_works_as_pasted(job):
     # The interpreter it names runs torchrun's module with nothing on the PATH.
     shown = subprocess.run(["env", "-i", *program[:3], "--help"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "--nproc-per-node" in shown.stdout
+
+
+def test_the_run_panel_names_the_same_phases(job):
+    """RunPanel's status line reads `job_phase` too: a first job's minutes of compiling are
+    named, not shown as "starting" (issue 16, point 5)."""
+    from utils.ui.widgets import RunPanel
+
+    job.started = time.time() - 42
+    panel, zh = RunPanel(SPEC), RunPanel(SPEC, lang="zh")
+    panel._show_progress(job, [])
+    assert "starting 2 processes ... 42 s" in panel.status.value
+    op = job.launcher.extensions_dir / "deepspeed_shm_comm"
+    op.mkdir()
+    (op / "lock").write_text("")
+    for p, words in ((panel, "compiling DeepSpeed's communication op deepspeed_shm_comm (first time only"),
+                     (zh, "正在编译 DeepSpeed 通信算子 deepspeed_shm_comm（本环境只在第一次编译")):
+        p._show_progress(job, [])
+        assert words in html.unescape(p.status.value) and "42 s" in p.status.value
+    (op / "lock").unlink()
+    StatusSlot(job.run_dir.status_slot(0))
+    zh._show_progress(job, [])
+    assert "第 1/3 步进行中" in zh.status.value
+    job.launcher = None  # a phase that cannot be read: the line says "starting", nothing raises
+    job.run_dir = None
+    panel._show_progress(job, [])
+    assert "starting 2 processes" in panel.status.value

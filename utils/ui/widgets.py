@@ -34,6 +34,7 @@ from pathlib import Path
 import ipywidgets as widgets
 
 from utils.jobs.launch import JobFailed, RunningJob, start_job
+from utils.jobs.progress import job_phase
 from utils.jobs.runs import Run
 from utils.jobs.spec import JobSpec
 from utils.ui import interrupt
@@ -49,6 +50,14 @@ __all__ = ["RunPanel", "parse_boundaries", "parse_options", "BOUNDARIES", "PROFI
 #: Progress-bar style of a panel whose job did not succeed, by state (anything else: danger).
 _BAR_STYLE = {"failed": "danger", "timeout": "danger", "stopped": "warning", "error": "danger"}
 _NOTE = "#8a6d00"
+
+
+#: The status line while DeepSpeed's op compiles and during the first step (the phases of
+#: `utils.jobs.progress.job_phase` that the label table has no entry for).
+_COMPILING = {"en": "compiling DeepSpeed's communication op {ops} (first time only in this environment, "
+                    "about 1-2 minutes) ... {elapsed} s",
+              "zh": "正在编译 DeepSpeed 通信算子 {ops}（本环境只在第一次编译，约 1–2 分钟）... 已用 {elapsed} s"}
+_FIRST_STEP = {"en": "step 1/{steps} running ... {elapsed} s", "zh": "第 1/{steps} 步进行中 ... 已用 {elapsed} s"}
 
 
 class RunPanel(JobControls, RunResults, Displayable):
@@ -240,13 +249,32 @@ class RunPanel(JobControls, RunResults, Displayable):
         spec = job.spec
         elapsed = f"{time.time() - job.started:.0f}"
         if not rows:
-            self.status.value = f"<i>{self._t('status.starting', n=spec.world_size, elapsed=elapsed)}</i>"
+            name, ops = self._phase(job, rows)
+            if name == "compiling":
+                line = _COMPILING[self.lang].format(ops=", ".join(ops), elapsed=elapsed)
+            elif name == "first step":
+                line = _FIRST_STEP[self.lang].format(steps=spec.steps, elapsed=elapsed)
+            else:
+                line = self._t("status.starting", n=spec.world_size, elapsed=elapsed)
+            self.status.value = f"<i>{html.escape(line)}</i>"
             return
         last = rows[-1]
         self.progress.value = min(len(rows), spec.steps)
         self.status.value = self._t("status.step", step=last["step"] + 1, steps=spec.steps,
                                     loss=f"{last['loss']:.4f}", sps=f"{last['seconds']:.2f}",
                                     elapsed=elapsed)
+
+    @staticmethod
+    def _phase(job: RunningJob, rows: list[dict]) -> tuple[str, tuple[str, ...]]:
+        """The phase before the first step, as `run_job`'s line names it (`job_phase`):
+        starting, compiling (the first job in an environment builds DeepSpeed's comm op for
+        1-2 minutes) or first step. A status line that cannot be read says "starting": it
+        must never make the watcher stop the job."""
+        try:
+            phase = job_phase(job, rows)
+        except Exception:  # noqa: BLE001 - only the status line's wording depends on it
+            return "starting", ()
+        return phase.name, phase.ops
 
     def _show_end(self, job: RunningJob) -> None:
         try:
