@@ -175,3 +175,42 @@ def test_progress_lines_show_each_new_step_with_one_worker_and_every_30_s_with_m
     shown = {}
     _show_progress(running, tmp_path, 2, lines.append, shown)
     assert len(lines) == 1 and "step 3/3: check b" in lines[0] and lines[0].endswith(" s")
+
+
+def _tiny_lab(path, plain_cell: str, setup_cell: str = "DATA = [1, 2, 3]"):
+    """A lab source: set-up, a plain (demonstration) cell, an answer and its test."""
+    import nbformat
+
+    cells = [nbformat.v4.new_code_cell(setup_cell, metadata={"grading": {"kind": "setup", "id": "data"}}),
+             nbformat.v4.new_code_cell(plain_cell),
+             nbformat.v4.new_code_cell("def total(xs):\n    ### BEGIN SOLUTION\n    return float(sum(xs))\n"
+                                       "    ### END SOLUTION",
+                                       metadata={"grading": {"kind": "answer", "id": "total", "task": "total"}}),
+             nbformat.v4.new_code_cell("assert total(DATA) == 6.0",
+                                       metadata={"grading": {"kind": "test", "id": "total_public", "task": "total",
+                                                             "points": 1}})]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    return path
+
+
+def _prepare(lab_path) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    from tests.grading.submissions import ROOT
+
+    commands = json.dumps({"op": "prepare", "check": "total_public"}) + "\n" + json.dumps({"op": "quit"}) + "\n"
+    done = subprocess.run([sys.executable, "-m", "utils.grading.judge_process", str(lab_path)], input=commands,
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0] == {"op": "ready"}, done.stderr
+    return {"reply": lines[1], "log": done.stderr}
+
+
+def test_the_judge_goes_on_past_a_failing_plain_cell_but_not_a_failing_set_up(tmp_path):
+    # A demonstration cell's claim about noisy measurements must not stop every grade.
+    plain = _prepare(_tiny_lab(tmp_path / "a.ipynb", "assert False, 'a noisy claim'"))
+    assert plain["reply"] == {"op": "prepared"} and "a noisy claim" in plain["log"]
+    broken = _prepare(_tiny_lab(tmp_path / "b.ipynb", "x = 1", setup_cell="DATA = 1 / 0"))
+    assert broken["reply"]["op"] == "failed" and "ZeroDivisionError" in broken["reply"]["error"]

@@ -120,16 +120,23 @@ class Judge:
 
     # --- the reference --------------------------------------------------------------------
     def prepare(self, check_id: str) -> None:
-        """Run the reference up to (not including) the cell of `check_id`."""
+        """Run the reference up to (not including) the cell of `check_id`. A set-up, answer or
+        test cell that fails stops the judge (``failed``); a plain cell that fails is logged."""
         stop = self.check_cell[check_id]
         while self.done < len(self.cells) and self.cells[self.done][0] < stop:
             index, cell = self.cells[self.done]
             try:
                 exec(compile(cell.source, f"<{self.lab.name} cell {index}>", "exec"), self.namespace)
-            except BaseException as error:
+            except Exception as error:
                 self.capture.take()
-                self.channel.send({"op": "failed", "cell": index, "error": _traceback(error)})
-                return
+                if (cell.metadata.get("grading") or {}).get("kind") is None:
+                    # A demonstration cell (a plot, a claim about measured runs that noise can
+                    # break): no check depends on it being right; note it and go on.
+                    print(f"judge: cell {index} of the lab source failed, continuing:\n{_traceback(error)}",
+                          file=sys.stderr, flush=True)
+                else:  # set-up, a solution or a check: the checks after it would be wrong
+                    self.channel.send({"op": "failed", "cell": index, "error": _traceback(error)})
+                    return
             self.done += 1
             self.capture.take()
         self.channel.send({"op": "prepared"})
