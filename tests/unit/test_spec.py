@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from utils import Fault, JobSpec, get_model
+from utils import Fault, JobSpec
 
 SMALL = {"model_options": {"blocks": 2}}  # 4 layers: embedding, 2 blocks, head
 
