@@ -142,6 +142,9 @@ TEXTS: dict[str, dict[str, str]] = {
         "status.idle": "idle: set the job up and press Run",
         "status.starting": "starting {n} processes ... {elapsed} s (imports and DeepSpeed set-up take a few seconds)",
         "status.step": "step {step}/{steps} · loss {loss} · {sps} s/step · {elapsed} s",
+        "status.compiling": ("compiling DeepSpeed's communication op {ops} (first time only in this "
+                             "environment, about 1-2 minutes) ... {elapsed} s"),
+        "status.first_step": "step 1/{steps} running ... {elapsed} s",
         "status.stopping": "stopping ...",
         "status.launching": "starting ...",
         "status.profiling": "starting (profiling the layers first) ...",
@@ -221,6 +224,8 @@ TEXTS: dict[str, dict[str, str]] = {
         "status.idle": "空闲：设置好任务后按「运行」",
         "status.starting": "正在启动 {n} 个进程 ... {elapsed} s（导入和 DeepSpeed 初始化要几秒）",
         "status.step": "step {step}/{steps} · loss {loss} · {sps} s/步 · 已用 {elapsed} s",
+        "status.compiling": "正在编译 DeepSpeed 通信算子 {ops}（本环境只在第一次编译，约 1–2 分钟）... 已用 {elapsed} s",
+        "status.first_step": "第 1/{steps} 步进行中 ... 已用 {elapsed} s",
         "status.stopping": "正在停止 ...",
         "status.launching": "正在启动 ...",
         "status.profiling": "正在启动（先逐层测量耗时）...",

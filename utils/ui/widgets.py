@@ -52,14 +52,6 @@ _BAR_STYLE = {"failed": "danger", "timeout": "danger", "stopped": "warning", "er
 _NOTE = "#8a6d00"
 
 
-#: The status line while DeepSpeed's op compiles and during the first step (the phases of
-#: `utils.jobs.progress.job_phase` that the label table has no entry for).
-_COMPILING = {"en": "compiling DeepSpeed's communication op {ops} (first time only in this environment, "
-                    "about 1-2 minutes) ... {elapsed} s",
-              "zh": "正在编译 DeepSpeed 通信算子 {ops}（本环境只在第一次编译，约 1–2 分钟）... 已用 {elapsed} s"}
-_FIRST_STEP = {"en": "step 1/{steps} running ... {elapsed} s", "zh": "第 1/{steps} 步进行中 ... 已用 {elapsed} s"}
-
-
 class RunPanel(JobControls, RunResults, Displayable):
     """Launch real DeepSpeed pipeline jobs from controls and look at the results.
 
@@ -251,9 +243,9 @@ class RunPanel(JobControls, RunResults, Displayable):
         if not rows:
             name, ops = self._phase(job, rows)
             if name == "compiling":
-                line = _COMPILING[self.lang].format(ops=", ".join(ops), elapsed=elapsed)
+                line = self._t("status.compiling", ops=", ".join(ops), elapsed=elapsed)
             elif name == "first step":
-                line = _FIRST_STEP[self.lang].format(steps=spec.steps, elapsed=elapsed)
+                line = self._t("status.first_step", steps=spec.steps, elapsed=elapsed)
             else:
                 line = self._t("status.starting", n=spec.world_size, elapsed=elapsed)
             self.status.value = f"<i>{html.escape(line)}</i>"
