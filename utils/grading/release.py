@@ -5,11 +5,11 @@ are what ``solutions/`` generates: a stale copy fails the build), ``utils/`` **w
 grader (students do not grade; the grader's sources name the hidden markers) except
 ``utils/grading/check_api.py``, which the labs' set-up cells import, ``environment.yml``,
 the course outline ``docs/outline.md`` if there is one, and files of its own: a README and a
-Makefile (from ``release_files/``) whose commands work on what the release contains —
-``make lab``, ``make test`` (every chapter, by nbval) and ``make check LAB=labNN`` (one lab
-and its public self-checks) — and ``pyproject.toml`` with pytest pointed at ``chapters``.
-No ``solutions/``, no ``tests/`` (they exercise the solutions), no ``benchmarks/``, no
-instructor docs, no ``runs/``.
+Makefile (from ``release_files/``, around the project Makefile's set-up recipe) whose
+commands work on what the release contains — ``make lab``, ``make test`` (every chapter,
+by nbval) and ``make check LAB=labNN`` (one lab and its public self-checks) — and
+``pyproject.toml`` with pytest pointed at ``chapters``. No ``solutions/``, no ``tests/``
+(they exercise the solutions), no ``benchmarks/``, no instructor docs, no ``runs/``.
 
 Before it returns, the release is scanned: any solution or hidden-test marker, any
 solution region or hidden check from a lab source, makes the build fail.
@@ -72,6 +72,21 @@ def _json_unescaped(text: str) -> str:
     return text.replace('\\"', '"').replace("\\\\", "\\")
 
 
+SETUP_MARK = "# @SETUP@"
+
+
+def _release_makefile(root: Path) -> str:
+    """The release's Makefile: its own targets around the project Makefile's set-up recipe
+    (``$(STAMP): pyproject.toml`` to ``touch $(STAMP)``), so the pinned installs exist once."""
+    template = (OWN_FILES / "Makefile").read_text(encoding="utf-8")
+    project = (root / "Makefile").read_text(encoding="utf-8")
+    found = re.search(r"^\$\(STAMP\): pyproject\.toml\n.*?^\ttouch \$\(STAMP\)\n", project, re.M | re.S)
+    if found is None:
+        raise ReleaseError("the project Makefile has no `$(STAMP): pyproject.toml` ... `touch $(STAMP)` recipe")
+    lines = template.splitlines(keepends=True)
+    return "".join(found.group(0) if line.startswith(SETUP_MARK) else line for line in lines)
+
+
 def _own_files(root: Path, out: Path) -> list[str]:
     """README.md and Makefile for the release, and pyproject.toml with the tests it lacks
     taken out of pytest's paths."""
@@ -79,8 +94,10 @@ def _own_files(root: Path, out: Path) -> list[str]:
     if (out / "docs" / "outline.md").exists():
         readme += "\n课程大纲（各章状态）见 `docs/outline.md`。· The course outline is in `docs/outline.md`.\n"
     (out / "README.md").write_text(readme, encoding="utf-8")
-    shutil.copy2(OWN_FILES / "Makefile", out / "Makefile")
-    written = ["README.md", "Makefile"]
+    written = ["README.md"]
+    if (root / "Makefile").exists():
+        (out / "Makefile").write_text(_release_makefile(root), encoding="utf-8")
+        written.append("Makefile")
     if (root / "pyproject.toml").exists():
         text = (root / "pyproject.toml").read_text(encoding="utf-8")
         text, n = re.subn(r"(?m)^testpaths = .*$", 'testpaths = ["chapters"]', text)
