@@ -21,13 +21,18 @@ CommKind = Literal["send_act", "recv_act", "send_grad", "recv_grad"]
 """Point-to-point communication between neighbouring stages."""
 StepKind = Literal["reduce_tied_grads", "reduce_grads", "optimizer_step"]
 """Instructions that run once per step, after the pipeline has drained."""
-EventKind = Literal[ComputeKind, "load", CommKind, StepKind]
+ControlKind = Literal["repartition"]
+"""Work a running job does between two steps on its own: ``"repartition"`` is the live
+migration of layers (and their optimizer state) to new stages, or a restart; its event
+belongs to the step it precedes and lasts as long as it really took."""
+EventKind = Literal[ComputeKind, "load", CommKind, StepKind, ControlKind]
 """Every kind an event may have, in the order plots list them."""
 
 COMPUTE_KINDS: tuple[str, ...] = get_args(ComputeKind)
 COMM_KINDS: tuple[str, ...] = get_args(CommKind)
 STEP_KINDS: tuple[str, ...] = get_args(StepKind)
-KINDS: tuple[str, ...] = COMPUTE_KINDS + ("load",) + COMM_KINDS + STEP_KINDS
+CONTROL_KINDS: tuple[str, ...] = get_args(ControlKind)
+KINDS: tuple[str, ...] = COMPUTE_KINDS + ("load",) + COMM_KINDS + STEP_KINDS + CONTROL_KINDS
 
 InstructionKind = Literal["load", "forward", "backward", "send_act", "recv_act", "send_grad", "recv_grad",
                           "reduce_tied_grads", "reduce_grads", "optimizer_step"]
@@ -63,6 +68,7 @@ KIND_LETTER = {
     "reduce_tied_grads": "RT",
     "reduce_grads": "R",
     "optimizer_step": "O",
+    "repartition": "RP",
 }
 
 

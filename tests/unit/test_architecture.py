@@ -34,9 +34,11 @@ ALLOWED = {
     "utils.jobs": {"utils.workloads", "utils.profiling", "utils.planning", "utils.analysis",
                    "utils.timeline", "utils.system", "utils.validation"},
     # The rank program: from the jobs layer only the spec, its DeepSpeed config and the
-    # run-directory contract, never planning, launching or ui.
+    # run-directory contract, never launching or ui; from planning the schedules it lowers
+    # and the re-balancing policy a running job decides with (pure functions).
     "utils.runtime": {"utils.jobs.spec", "utils.jobs.config", "utils.jobs.rundir", "utils.workloads",
-                      "utils.planning.schedules", "utils.timeline", "utils.system", "utils.validation"},
+                      "utils.planning.schedules", "utils.planning.rebalance", "utils.timeline", "utils.system",
+                      "utils.validation"},
     "utils.ui": {"utils.jobs", "utils.workloads", "utils.planning", "utils.analysis", "utils.timeline",
                  "utils.system", "utils.validation"},
     # Grading must not import torch or DeepSpeed: processes only.

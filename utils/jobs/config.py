@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
     """The config dict passed to ``deepspeed.initialize`` for `spec`."""
-    return {
+    config: dict[str, Any] = {
         "train_batch_size": spec.global_batch,
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.micro_batches,
@@ -24,3 +24,8 @@ def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
         "steps_per_print": 10**9,  # the workbook reports progress itself
         "wall_clock_breakdown": False,  # True crashes non-last stages in 0.19.8 (DESIGN.md)
     }
+    if spec.lr_warmup_steps:
+        config["scheduler"] = {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": spec.lr, "warmup_num_steps": spec.lr_warmup_steps,
+            "warmup_type": "linear"}}
+    return config

@@ -9,6 +9,11 @@ One class owns every file name, so no other module spells one out. Layout of
 - ``partitions.jsonl``          partition changes made while the job ran, one per line
                                 (``step``, ``boundaries``, ``reason``); the plan's boundaries
                                 hold from step 0 until the first change
+- ``rebalance.jsonl``           every decision of a job's re-balancing policy, one per line
+                                (`utils.planning.rebalance.Decision`: the costs it saw, the
+                                prediction, move or not and why)
+- ``checkpoints/``              restart mode: the checkpoint a restart resumes from, and
+                                ``restart.json`` (from which step, at which boundaries)
 - ``command.txt``               the command that runs the job by hand
 - ``status.json``               state, error, start and end, launcher pid, notes
 - ``launcher.log``              what the launcher (torchrun) printed
@@ -19,7 +24,9 @@ One class owns every file name, so no other module spells one out. Layout of
                                 folders), removed when the launcher stops
 - per rank ``r``: ``rank{r}.log`` (everything it printed), ``status-rank{r}`` (the
   instruction it executes now), ``events-rank{r}.jsonl`` (traced instructions),
-  ``progress-rank{r}.jsonl`` (step, loss, seconds), ``result-rank{r}.json`` on success,
+  ``progress-rank{r}.jsonl`` (step, loss, seconds), ``layer-costs-rank{r}.jsonl`` (per-layer
+  forward and backward seconds a re-balancing job measured in each step),
+  ``result-rank{r}.json`` on success,
   ``error-rank{r}.json`` on failure
 
 Only the launcher writes ``state: "succeeded"``, and only after every rank wrote its result
@@ -72,7 +79,8 @@ class PartitionChange:
 class RunDir:
     """File names and reading/writing of one run directory (see the module docstring)."""
 
-    SPEC, PLAN, PARTITIONS = "spec.json", "plan.json", "partitions.jsonl"
+    SPEC, PLAN, PARTITIONS, DECISIONS = "spec.json", "plan.json", "partitions.jsonl", "rebalance.jsonl"
+    CHECKPOINTS, RESTART = "checkpoints", "restart.json"
     COMMAND, STATUS, LAUNCHER_LOG = "command.txt", "status.json", "launcher.log"
     LAUNCH_TOKEN, TEMP = "launch-token", "tmp"
 
@@ -114,6 +122,12 @@ class RunDir:
 
     def progress_file(self, rank: int) -> Path:
         return self.path / f"progress-rank{rank}.jsonl"
+
+    def layer_costs_file(self, rank: int) -> Path:
+        return self.path / f"layer-costs-rank{rank}.jsonl"
+
+    def layer_costs(self, rank: int) -> list[dict]:
+        return read_jsonl(self.layer_costs_file(rank))
 
     def result_file(self, rank: int) -> Path:
         return self.path / f"result-rank{rank}.json"
@@ -167,6 +181,18 @@ class RunDir:
         line = json.dumps({"step": change.step, "boundaries": list(change.boundaries), "reason": change.reason})
         with open(self.file(self.PARTITIONS), "a", encoding="utf-8") as f:
             f.write(line + "\n")
+
+    def record_decision(self, decision: dict) -> None:
+        """Append one re-balancing decision (written by rank 0 while the job runs)."""
+        with open(self.file(self.DECISIONS), "a", encoding="utf-8") as f:
+            f.write(json.dumps(decision) + "\n")
+
+    def decisions(self) -> list[dict]:
+        return read_jsonl(self.file(self.DECISIONS))
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
 
     def partition_changes(self) -> list[PartitionChange]:
         return [PartitionChange(step=row["step"], boundaries=tuple(row["boundaries"]), reason=row.get("reason", ""))

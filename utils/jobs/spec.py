@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from utils import validation
+from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
 from utils.timeline import INSTRUCTION_KINDS, InstructionKind
 from utils.workloads.models import get_model
@@ -30,11 +31,19 @@ PartitionMethod = Literal["uniform", "parameters", "profile"]
 (measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
 DeepSpeed's ``type:REGEX`` is left out on purpose (see `utils.jobs.plan.plan_boundaries`)."""
 FaultKind = Literal["raise", "hang", "exit", "killed"]
+RepartitionMode = Literal["live", "restart"]
+"""How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
+OptimizerCarry = Literal["remap", "drop"]
+"""What a re-partition does with the optimizer state (`JobSpec.repartition_optimizer`)."""
 
 JOB_SCHEDULES: tuple[str, ...] = get_args(JobSchedule)
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+REPARTITION_MODES: tuple[str, ...] = get_args(RepartitionMode)
+OPTIMIZER_CARRIES: tuple[str, ...] = get_args(OptimizerCarry)
+FAULT_POINTS: tuple[str, ...] = (*INSTRUCTION_KINDS, "repartition")
+"""Where a `Fault` may strike: at the start of an instruction, or inside a live re-partition."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,8 +59,11 @@ class Fault:
     """Pipeline stage whose first rank fails."""
     step: int = 0
     """Training step in which it fails."""
-    instruction: InstructionKind = "forward"
-    """Instruction kind at whose start it fails (see `utils.timeline.INSTRUCTION_KINDS`)."""
+    instruction: InstructionKind | Literal["repartition"] = "forward"
+    """Instruction kind at whose start it fails (see `utils.timeline.INSTRUCTION_KINDS`), or
+    ``"repartition"``: in the middle of the live re-partition before `step` (after the new
+    engine is built, before the layers' state has moved), which must then be a step of
+    `JobSpec.repartition_at`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +99,9 @@ class JobSpec:
     """Seeds the layers (``seed_layers=True``, ``base_seed``) and the data."""
     lr: float = 3e-3
     """Adam(W) learning rate."""
+    lr_warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from 0 to `lr` (DeepSpeed's ``WarmupLR``
+    scheduler); 0: no scheduler, a constant `lr`."""
     device: Device = "auto"
     """``"auto"``: CUDA + NCCL when there is a GPU for every rank, else CPU + gloo; or
     ``"cpu"`` / ``"cuda"`` (see `utils.system.devices.resolve_device`)."""
@@ -97,6 +112,32 @@ class JobSpec:
     fault: Fault | None = None
     """Inject a failure (teaching and tests); None for a normal run."""
 
+    # --- the dynamic half: what changes while the job runs -------------------------------------
+    repartition_at: Mapping[int, Sequence[int]] = field(default_factory=dict)
+    """Forced re-partitions (teaching and tests): ``{step: boundaries}`` moves the running job
+    to `boundaries` before training step `step` (1 <= step < steps)."""
+    repartition_mode: RepartitionMode = "live"
+    """``"live"``: the ranks stay up, rebuild their engines and send every moved layer's
+    parameters and optimizer state to its new rank. ``"restart"``: the baseline: a DeepSpeed
+    checkpoint, the ranks exit, a new launch at the new boundaries loads the weights and
+    remaps the optimizer state layer by layer (which DeepSpeed's own loader cannot do)."""
+    repartition_optimizer: OptimizerCarry = "remap"
+    """``"remap"``: each layer's Adam moments and step count go with it. ``"drop"``: moved
+    and kept layers alike start from fresh optimizer state after a re-partition, as when a
+    checkpoint is loaded without its optimizer: there to show what carrying it is worth."""
+    rebalance: Rebalance | None = None
+    """Let the job re-partition itself: measure per-layer cost while it trains and move to the
+    exact min-max partition when the predicted saving pays for the move (see
+    `utils.planning.rebalance.Rebalance`); live mode only."""
+    freeze_at: Mapping[int, int] = field(default_factory=dict)
+    """Progressive layer freezing: ``{step: n}`` freezes the first `n` layers from `step` on
+    (no weight gradients, no optimizer update, no backward through a frozen prefix). `n`
+    never decreases and stays below the layer count."""
+    seq_len_at: Mapping[int, int] = field(default_factory=dict)
+    """A sequence-length curriculum (``gpt`` presets): ``{step: tokens}`` trains on samples of
+    `tokens` tokens from `step` on (at most the preset's ``seq_len``; before the first entry
+    the preset's ``seq_len``)."""
+
     def __post_init__(self) -> None:
         # numpy integers (from a sweep) are fine counts: stored as int so the spec is JSON.
         for name in _INTEGER_FIELDS:
@@ -105,6 +146,13 @@ class JobSpec:
             object.__setattr__(self, "partition", tuple(_plain_int(b) for b in self.partition))
         if isinstance(self.model_options, Mapping):
             object.__setattr__(self, "model_options", {k: _plain_int(v) for k, v in self.model_options.items()})
+        # Step-keyed maps come back from JSON with string keys; boundaries as tuples (comparable).
+        for name in ("repartition_at", "freeze_at", "seq_len_at"):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, {_step_key(k): _plain_int(v) if name != "repartition_at" else
+                                                (tuple(_plain_int(b) for b in v) if _is_sequence(v) else v)
+                                                for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))})
 
     # --- derived -------------------------------------------------------------------------------
     @property
@@ -171,10 +219,62 @@ class JobSpec:
         _positive_number("lr", self.lr, "a learning rate such as 3e-3")
         _positive_number("timeout", self.timeout, "seconds the whole job may take, such as 600")
         _count("seed", self.seed, minimum=0)
+        _count("lr_warmup_steps", self.lr_warmup_steps, minimum=0)
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {self.name!r}")
+        self._check_dynamic(n)
         if self.fault is not None:
             self._check_fault()
+
+    def _check_dynamic(self, n_layers: int) -> None:
+        """The dynamic fields: every step inside the run, every partition valid, freezing only
+        ever grows, one way of re-partitioning at a time."""
+        for name in ("repartition_at", "freeze_at", "seq_len_at"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise TypeError(f"{name} must be a dict {{step: ...}}, got {getattr(self, name)!r}")
+        for step, boundaries in self.repartition_at.items():
+            _step_in_run("repartition_at", step, self.steps, first=1,
+                         why="step 0 starts with the planned partition: set partition= for it")
+            try:
+                validation.boundaries(boundaries, n_layers=n_layers, num_stages=self.num_stages)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"repartition_at[{step}]: {exc}") from None
+        if self.repartition_mode not in REPARTITION_MODES:
+            raise ValueError(f"unknown repartition_mode {self.repartition_mode!r}; choose one of {REPARTITION_MODES}")
+        if self.repartition_optimizer not in OPTIMIZER_CARRIES:
+            raise ValueError(f"unknown repartition_optimizer {self.repartition_optimizer!r}; "
+                             f"choose one of {OPTIMIZER_CARRIES}")
+        if self.rebalance is not None:
+            if not isinstance(self.rebalance, Rebalance):
+                raise TypeError(f"rebalance must be a utils.Rebalance(...) or None, got {self.rebalance!r}")
+            self.rebalance.check()
+            if self.repartition_at:
+                raise ValueError("give either repartition_at (forced moves) or rebalance (the job decides), "
+                                 "not both: a forced move would overrule the policy's measurements")
+            if self.repartition_mode != "live":
+                raise ValueError("rebalance re-partitions a running job, which needs repartition_mode='live' "
+                                 "(restart mode is the baseline for forced moves, repartition_at)")
+        previous = 0
+        for step, frozen in self.freeze_at.items():
+            _step_in_run("freeze_at", step, self.steps)
+            _count(f"freeze_at[{step}]", frozen)
+            if frozen >= n_layers:
+                raise ValueError(f"freeze_at[{step}]={frozen} freezes every layer of the {n_layers}: nothing "
+                                 f"would train; freeze at most {n_layers - 1}")
+            if frozen < previous:
+                raise ValueError(f"freeze_at[{step}]={frozen} unfreezes layers frozen earlier ({previous}); "
+                                 "progressive freezing only grows: give non-decreasing counts")
+            previous = frozen
+        if self.seq_len_at:
+            longest = get_model(self.model, self.model_options).seq_len
+            if longest is None:
+                raise ValueError(f"seq_len_at needs a language model preset ('gpt', 'gpt-large'), not {self.model!r}")
+            for step, tokens in self.seq_len_at.items():
+                _step_in_run("seq_len_at", step, self.steps)
+                _count(f"seq_len_at[{step}]", tokens)
+                if tokens > longest:
+                    raise ValueError(f"seq_len_at[{step}]={tokens} exceeds the model's seq_len {longest} (its "
+                                     f"position table); use at most {longest} or model_options={{'seq_len': ...}}")
 
     def _check_fault(self) -> None:
         f = self.fault
@@ -188,14 +288,20 @@ class JobSpec:
             raise ValueError(f"fault stage {f.stage} is outside 0..{self.num_stages - 1}")
         if not 0 <= f.step < self.steps:
             raise ValueError(f"fault step {f.step} is outside 0..{self.steps - 1}")
-        if f.instruction not in INSTRUCTION_KINDS:
-            raise ValueError(f"unknown fault instruction {f.instruction!r}; choose one of {INSTRUCTION_KINDS}")
+        if f.instruction not in FAULT_POINTS:
+            raise ValueError(f"unknown fault instruction {f.instruction!r}; choose one of {FAULT_POINTS}")
+        if f.instruction == "repartition" and (f.step not in self.repartition_at or self.repartition_mode != "live"):
+            raise ValueError(f"a fault in 'repartition' at step {f.step} needs a live re-partition at that step: "
+                             f"add repartition_at={{{f.step}: [...]}} (steps given: {sorted(self.repartition_at)})")
 
     # --- persistence --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if not isinstance(self.partition, str):
             data["partition"] = list(self.partition)
+        data["repartition_at"] = {step: list(b) for step, b in self.repartition_at.items()}
+        if self.rebalance is not None:
+            data["rebalance"] = self.rebalance.to_dict()
         return data
 
     def to_json(self) -> str:
@@ -210,6 +316,8 @@ class JobSpec:
         data = dict(data)
         if data.get("fault") is not None:
             data["fault"] = Fault(**data["fault"])
+        if data.get("rebalance") is not None:
+            data["rebalance"] = Rebalance.from_dict(data["rebalance"])
         return cls(**data)
 
 
@@ -266,7 +374,7 @@ def _say_fixes(spec: JobSpec, fixes: list[dict[str, int | None]]) -> str:
 
 
 _COUNT_FIELDS = ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps")
-_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "seed")
+_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "seed", "lr_warmup_steps")
 
 
 def _plain_int(value):
@@ -274,6 +382,26 @@ def _plain_int(value):
     if not isinstance(value, (bool, int, float, str)) and hasattr(value, "__index__"):
         return value.__index__()
     return value
+
+
+def _step_key(key):
+    """A step as an int: ``"3"`` (a JSON object key) and numpy integers become 3; anything
+    else stays as it is for `check` to reject."""
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    return _plain_int(key)
+
+
+def _is_sequence(value) -> bool:
+    return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__iter__")
+
+
+def _step_in_run(name: str, step, steps: int, *, first: int = 0, why: str = "") -> None:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"{name}: steps must be integers, got {step!r}")
+    if not first <= step < steps:
+        raise ValueError(f"{name}: step {step} is outside {first}..{steps - 1} (the job trains steps=" +
+                         f"{steps}){'; ' + why if why else ''}")
 
 
 def _count(name: str, value, *, minimum: int = 1) -> None:

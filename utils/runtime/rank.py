@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +40,9 @@ RANK = int(os.environ.get("RANK", "0"))
 
 @dataclass
 class RankState:
-    """What one rank holds while it trains; hooks may replace `engine` between steps."""
+    """What one rank holds while it trains; hooks may replace `engine` between steps
+    (`adopt`), and the dynamic hooks share the freezing, the layer-cost meter and the events
+    they add to the step (a re-partition) through it."""
 
     spec: JobSpec
     run_dir: RunDir
@@ -53,7 +55,56 @@ class RankState:
     engine: Any
     tracer: Any
     data: Any
-    """The iterator of micro-batches `engine.train_batch` reads."""
+    """The iterator of micro-batches `engine.train_batch` reads (`utils.workloads.models.Batches`)."""
+    frozen: Any = None
+    """The `FrozenPrefix` of a job that freezes layers (`JobSpec.freeze_at`), else None."""
+    meter: Any = None
+    """The `LayerCostMeter` of a job that re-balances itself, else None."""
+    pending_events: list = field(default_factory=list)
+    """Events a hook adds to the coming step (a re-partition), written with the step's own."""
+    _costs_file: Any = None
+
+    def build_engine(self, boundaries: Sequence[int]):
+        """A new engine for this rank at `boundaries`, with the schedule, the freezing and the
+        layer-cost meter installed (the tracer comes with `adopt`)."""
+        engine = build_engine(self.spec, self.model, boundaries, self.device)
+        if self.frozen is not None:
+            self.frozen.install(engine, boundaries)
+        if self.meter is not None:
+            self.meter.install(engine)
+        return engine
+
+    def adopt(self, engine, boundaries: Sequence[int]) -> None:
+        """Train on `engine` (built at `boundaries`) from now on, traced from the same origin."""
+        origin = self.tracer.origin if self.tracer is not None else 0.0
+        self.engine, self.boundaries = engine, list(boundaries)
+        self.tracer = trace(engine, self.spec, self.run_dir, self.rank, self.device)
+        self.tracer.set_origin(origin)
+
+    def status(self, text: str) -> None:
+        """What this rank does now, in its status slot (read when a job hangs or fails)."""
+        if self.tracer is not None and self.tracer.status is not None:
+            self.tracer.status.write(f"{text} t={time.time():.3f}")
+
+    def fault_point(self, step: int, point: str) -> None:
+        """Inject `spec.fault` here if it names this point (`utils.runtime.faults`)."""
+        if self.tracer is not None and self.tracer.before is not None:
+            self.tracer.before(step, point, None)
+
+    def sync_device(self) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def record_layer_costs(self, step: int, costs: dict[int, tuple[float, float]]) -> None:
+        """Append one step's measured per-layer costs to this rank's record."""
+        from utils.runtime.dynamic import layer_costs_line
+
+        if self._costs_file is None:
+            self._costs_file = open(self.run_dir.layer_costs_file(self.rank), "a", encoding="utf-8")
+        self._costs_file.write(layer_costs_line(step, costs) + "\n")
+        self._costs_file.flush()
 
     @property
     def stage(self) -> int:
@@ -128,7 +179,12 @@ def trace(engine, spec: JobSpec, run_dir: RunDir, rank: int, device: str):
                              before=fault_hook(spec, engine.stage_id, engine.grid.data_parallel_id == 0))
 
 
-def setup(run_dir: RunDir, rank: int) -> RankState:
+def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
+    """This rank's state at the plan's boundaries, and the hooks the spec asks for."""
+    from utils.runtime.dynamic import Curriculum, Freezer, Repartitioner
+    from utils.runtime.frozen import FrozenPrefix
+    from utils.runtime.layercost import LayerCostMeter
+    from utils.runtime.tracing import CudaClock, HostClock
     from utils.system.cpu import prepare_cpu_rank
     from utils.workloads.models import batches, get_model
 
@@ -138,11 +194,25 @@ def setup(run_dir: RunDir, rank: int) -> RankState:
     if device == "cpu":
         prepare_cpu_rank()  # threads, and the allocator the profile measured with
     model = get_model(spec.model, spec.model_options)
-    engine = build_engine(spec, model, boundaries, device)
-    data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size,
-                   replica=engine.grid.data_parallel_id)
-    return RankState(spec=spec, run_dir=run_dir, rank=rank, device=device, model=model, boundaries=boundaries,
-                     engine=engine, tracer=trace(engine, spec, run_dir, rank, device), data=data)
+    state = RankState(spec=spec, run_dir=run_dir, rank=rank, device=device, model=model, boundaries=boundaries,
+                      engine=None, tracer=None, data=None,
+                      frozen=FrozenPrefix() if spec.freeze_at else None,
+                      meter=LayerCostMeter(CudaClock() if device == "cuda" else HostClock()) if spec.rebalance
+                      else None)
+    started = time.perf_counter()
+    engine = state.build_engine(boundaries)
+    build_seconds = time.perf_counter() - started
+    state.adopt(engine, boundaries)
+    state.data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size,
+                         replica=engine.grid.data_parallel_id)
+    hooks: list[StepHook] = []
+    if spec.freeze_at:
+        hooks.append(Freezer())
+    if spec.seq_len_at:
+        hooks.append(Curriculum())
+    if spec.repartition_at or spec.rebalance:
+        hooks.append(Repartitioner(state, build_seconds=build_seconds))
+    return state, hooks
 
 
 def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
@@ -158,7 +228,8 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
             state.tracer.begin_step(step)
             started = time.perf_counter()
             loss = float(state.engine.train_batch(data_iter=state.data))
-            events = state.tracer.end_step()  # on GPU this synchronizes, so the step time is real
+            events = state.pending_events + state.tracer.end_step()  # on GPU this synchronizes
+            state.pending_events = []
             seconds = time.perf_counter() - started
             events_file.write("".join(json.dumps(asdict(e)) + "\n" for e in events))
             events_file.flush()
@@ -342,8 +413,8 @@ def main() -> None:
         if terminal:
             terminal.say("正在导入并构建 DeepSpeed 引擎 (setting up DeepSpeed: a few seconds; the first job in "
                          "an environment also compiles its communication op, 1-2 min)")
-        state = setup(run_dir, RANK)
-        train(state, [terminal] if terminal else [])
+        state, hooks = setup(run_dir, RANK)
+        train(state, hooks + ([terminal] if terminal else []))
         report(state)
         if terminal:
             terminal.say(f"完成 (done): {state.spec.steps} steps; record in {run_dir.path}")

@@ -45,6 +45,7 @@ KIND_COLORS: dict[str, str] = {
     "reduce_tied_grads": "#C39BD3",
     "reduce_grads": "#A26BBF",
     "optimizer_step": "#6C3483",
+    "repartition": "#2E2E2E",  # the job moving layers between stages: dark, it stops every stage
 }
 _FALLBACK_COLOR = "#999999"  # a kind added to KINDS later still draws
 

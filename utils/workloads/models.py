@@ -125,8 +125,9 @@ class Model:
     options: Mapping[str, Any]
     layers: tuple[LayerDef, ...]
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    make_batch: Callable[[torch.Generator, int], tuple[torch.Tensor, torch.Tensor]]
-    """(generator, micro_batch_size) -> (inputs, labels) for one micro-batch."""
+    make_batch: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    """(generator, micro_batch_size, tokens=None) -> (inputs, labels) for one micro-batch;
+    `tokens` shortens a language model's samples (None: `seq_len`), others ignore it."""
     seq_len: int | None = None
     """Tokens per sample (language models), for tokens/s."""
 
@@ -222,10 +223,11 @@ def _progressions(vocab: int, seq_len: int, *, active: int = 256):
     which attention must learn), so a few dozen steps show a clear curve."""
     active = min(active, vocab)
 
-    def make_batch(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def make_batch(generator: torch.Generator, batch: int, tokens: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         start = torch.randint(0, active, (batch, 1), generator=generator)
         stride = torch.randint(1, 5, (batch, 1), generator=generator)
-        seq = (start + stride * torch.arange(seq_len + 1)) % active
+        seq = (start + stride * torch.arange((tokens or seq_len) + 1)) % active
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
     return make_batch
@@ -235,19 +237,38 @@ def _teacher_regression(hidden: int):
     """Regress a fixed random teacher, y = tanh(x W / sqrt(d)): learnable by the MLP blocks."""
     teacher = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(0))
 
-    def make_batch(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def make_batch(generator: torch.Generator, batch: int, tokens: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(batch, hidden, generator=generator)
         return x, torch.tanh(x @ teacher / math.sqrt(hidden))
 
     return make_batch
 
 
-def batches(model: Model, *, seed: int, micro_batch_size: int, replica: int = 0):
+class Batches:
     """Endless micro-batches for one data-parallel replica; the same (seed, replica) always
-    gives the same sequence, on every stage and in the sequential reference."""
-    generator = torch.Generator().manual_seed(seed * 1000 + replica)
-    while True:
-        yield model.make_batch(generator, micro_batch_size)
+    gives the same sequence, on every stage and in the sequential reference.
+
+    `tokens` may change between steps (a sequence-length curriculum): later samples are that
+    long. The position in the stream is the object's own state, so a job that rebuilds its
+    engine (a live re-partition) keeps reading where it was.
+    """
+
+    def __init__(self, model: Model, *, seed: int, micro_batch_size: int, replica: int = 0):
+        self.model, self.micro_batch_size = model, micro_batch_size
+        self.tokens: int | None = model.seq_len
+        self._generator = torch.Generator().manual_seed(seed * 1000 + replica)
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.make_batch(self._generator, self.micro_batch_size, self.tokens)
+
+
+def batches(model: Model, *, seed: int, micro_batch_size: int, replica: int = 0) -> Batches:
+    """`Batches` for one replica (see there)."""
+    return Batches(model, seed=seed, micro_batch_size=micro_batch_size, replica=replica)
 
 
 def seed_layer(seed: int) -> None:

@@ -1,0 +1,187 @@
+"""The dynamic half of a job, as `StepHook`s around the training loop of a rank.
+
+- `Freezer`: progressive layer freezing (`JobSpec.freeze_at`);
+- `Curriculum`: a sequence-length curriculum (`JobSpec.seq_len_at`);
+- `Repartitioner`: forced re-partitions (`JobSpec.repartition_at`) and the re-balancing
+  policy (`JobSpec.rebalance`): it collects the per-layer costs the `LayerCostMeter`
+  measures, lets rank 0 decide with `utils.planning.rebalance.decide`, records every
+  decision, and moves the job live (`utils.runtime.migrate.repartition_live`) or asks the
+  launcher for a restart (`utils.runtime.restart`).
+
+Every hook runs on every rank at the same step, so the collectives inside them line up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+
+import torch.distributed as dist
+
+from utils.jobs.rundir import PartitionChange
+from utils.planning.rebalance import Decision, LayerCosts, decide, estimate_migration_seconds, moved_layers
+from utils.runtime.migrate import repartition_live
+from utils.timeline import Event
+
+ASSUMED_BYTES_PER_SECOND = {"cpu": 1e9, "cuda": 1e10}
+"""How fast moved state is assumed to travel before a migration was measured: a first guess
+(gloo over loopback, NCCL between two GPUs of a node), replaced by the measured cost."""
+FLOAT_BYTES = 4
+
+
+class Freezer:
+    """Freezes the first n layers before the steps `JobSpec.freeze_at` names."""
+
+    def before_step(self, state, step: int) -> None:
+        count = state.spec.freeze_at.get(step)
+        if count is not None:
+            state.frozen.freeze(state.engine, count)
+            state.status(f"step={step} freezing layers 0..{count - 1}")
+
+    def after_step(self, state, step, loss, seconds) -> None:
+        pass
+
+
+class Curriculum:
+    """Switches the data to shorter or longer samples before the steps `JobSpec.seq_len_at`
+    names; DeepSpeed re-learns the activation shapes it sends (``reset_activation_shape``)."""
+
+    def before_step(self, state, step: int) -> None:
+        tokens = state.spec.seq_len_at.get(step)
+        if tokens is not None and tokens != state.data.tokens:
+            state.data.tokens = tokens
+            state.engine.reset_activation_shape()
+
+    def after_step(self, state, step, loss, seconds) -> None:
+        pass
+
+
+class Repartitioner:
+    """Moves the running job to new boundaries: forced, or when the policy says it pays."""
+
+    def __init__(self, state, *, build_seconds: float):
+        spec = state.spec
+        self.policy = spec.rebalance
+        window = self.policy.window if self.policy else 1
+        self.costs: deque[tuple[int, dict[int, tuple[float, float]]]] = deque(maxlen=window)
+        self.step_seconds: deque[float] = deque(maxlen=window)
+        self.build_seconds = build_seconds
+        self.measured_migration: float | None = None
+        self._fresh_engine = True  # the first step of an engine warms up: not measured
+        self._param_bytes = [FLOAT_BYTES * n for n in state.model.param_counts()]
+
+    # --- measuring --------------------------------------------------------------------------
+    def after_step(self, state, step: int, loss: float, seconds: float) -> None:
+        if state.meter is None:
+            return
+        costs = state.meter.take_step()
+        if costs is None:
+            return
+        state.record_layer_costs(step, costs)
+        if self._fresh_engine:
+            self._fresh_engine = False
+            return
+        self.costs.append((step, costs))
+        self.step_seconds.append(seconds)
+
+    def forget(self) -> None:
+        """Costs changed (a move, a freeze): measure afresh before the next decision."""
+        self.costs.clear()
+        self.step_seconds.clear()
+        self._fresh_engine = True
+
+    # --- deciding -----------------------------------------------------------------------------
+    def before_step(self, state, step: int) -> None:
+        spec = state.spec
+        if step in spec.freeze_at or step in spec.seq_len_at:
+            self.forget()
+        target, reason = spec.repartition_at.get(step), "repartition_at"
+        if target is None and self.policy is not None and step % self.policy.every == 0 and 0 < step:
+            decision = self._decide(state, step)
+            if decision.migrate:
+                target, reason = decision.candidate, decision.reason
+        if target is None or tuple(target) == tuple(state.boundaries):
+            return
+        if spec.repartition_mode == "restart":
+            from utils.runtime.restart import request_restart
+
+            request_restart(state, step, target)  # does not return: the launcher relaunches
+        self._move(state, step, tuple(target), reason)
+
+    def _decide(self, state, step: int) -> Decision:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (list(self.costs), list(self.step_seconds), self.measured_migration))
+        decision = None
+        if state.rank == 0:
+            def look(migration_seconds: float) -> Decision:
+                return decide(_merge(gathered, state.model.num_layers), step=step,
+                              boundaries=state.boundaries, policy=self.policy, schedule=state.spec.schedule,
+                              num_micro_batches=state.spec.micro_batches,
+                              step_seconds=[max(times) for times in zip(*(g[1] for g in gathered))],
+                              remaining_steps=state.spec.steps - step, migration_seconds=migration_seconds)
+
+            # The cost of a move depends on what moves: find the candidate first, then price it.
+            decision = look(self._migration_cost(state, gathered, look(0.0).candidate))
+            state.run_dir.record_decision(decision.to_dict())
+        shared = [decision.to_dict() if decision else None]
+        dist.broadcast_object_list(shared, src=0)
+        return Decision.from_dict(shared[0])
+
+    def _migration_cost(self, state, gathered, candidate) -> float:
+        measured = [g[2] for g in gathered if g[2] is not None]
+        if measured:
+            return max(measured)
+        if self.policy.migration_seconds is not None:
+            return self.policy.migration_seconds
+        # Before any move: rebuild time as measured at start-up, plus the state that would
+        # travel (parameters and, carried, two Adam moments each) at an assumed speed.
+        share = 3 if state.spec.repartition_optimizer == "remap" else 1
+        moved = sum(self._param_bytes[layer] * share for layer, _, _ in moved_layers(state.boundaries, candidate))
+        return estimate_migration_seconds(moved_bytes=moved, rebuild_seconds=self.build_seconds,
+                                          bytes_per_second=ASSUMED_BYTES_PER_SECOND[state.device])
+
+    # --- moving -------------------------------------------------------------------------------
+    def _move(self, state, step: int, target: tuple[int, ...], reason: str) -> None:
+        started = time.perf_counter()
+        state.status(f"step={step} repartition {list(state.boundaries)} -> {list(target)}")
+        engine = repartition_live(
+            state.engine, old=state.boundaries, new=target, build=state.build_engine,
+            carry_optimizer=state.spec.repartition_optimizer == "remap",
+            between=lambda: state.fault_point(step, "repartition"),
+            phase=lambda name: state.status(f"step={step} repartition: {name}"))
+        state.adopt(engine, target)
+        state.sync_device()
+        ended = time.perf_counter()
+        self.measured_migration = ended - started
+        origin = state.tracer.origin
+        state.pending_events.append(Event(stage=state.stage, rank=state.rank, step=step, kind="repartition",
+                                          micro_batch=None, start=started - origin, end=ended - origin))
+        if state.rank == 0:
+            state.run_dir.record_partition_change(PartitionChange(step=step, boundaries=target, reason=reason))
+        self.forget()
+
+
+def _merge(gathered, num_layers: int) -> list[LayerCosts]:
+    """Per-layer costs of the whole model for each step every rank measured: each rank knows
+    its own layers; data-parallel replicas of a layer are averaged."""
+    per_step: dict[int, dict[int, list[tuple[float, float]]]] = {}
+    for costs, _, _ in gathered:
+        for step, layers in costs:
+            for layer, value in layers.items():
+                per_step.setdefault(step, {}).setdefault(int(layer), []).append(value)
+    merged = []
+    for step in sorted(per_step):
+        layers = per_step[step]
+        if len(layers) != num_layers:
+            continue  # a step some rank did not measure
+        mean = {i: (sum(v[0] for v in values) / len(values), sum(v[1] for v in values) / len(values))
+                for i, values in layers.items()}
+        merged.append(LayerCosts(step=step, forward=tuple(mean[i][0] for i in range(num_layers)),
+                                 backward=tuple(mean[i][1] for i in range(num_layers))))
+    return merged
+
+
+def layer_costs_line(step: int, costs: dict[int, tuple[float, float]]) -> str:
+    return json.dumps({"step": step, "layers": {str(i): list(v) for i, v in sorted(costs.items())}})
+
