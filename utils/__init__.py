@@ -38,8 +38,11 @@ _API: dict[str, tuple[str, ...]] = {
     "utils.planning.whatif": ("measured_stage_costs", "predict_from_timeline", "search_micro_batches",
                               "fastest_within_memory"),
     "utils.jobs.confirm": ("confirm_top",),
-    # 6. See it: plotly figures and notebook widgets.
+    # 6. The dynamic half: a running job re-partitions itself (JobSpec(rebalance=...)).
+    "utils.planning.rebalance": ("Rebalance", "Decision", "LayerCosts", "decide"),
+    # 7. See it: plotly figures and notebook widgets.
     "utils.ui.plots": ("plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory"),
+    "utils.ui.rebalance_plots": ("plot_partition_history",),
     "utils.ui.widgets": ("RunPanel",),
     "utils.ui.explorer": ("TimelineExplorer",),
 }

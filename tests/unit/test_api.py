@@ -26,8 +26,11 @@ FROZEN = {
     # 5. What if
     "measured_stage_costs", "predict_from_timeline", "search_micro_batches", "fastest_within_memory",
     "confirm_top",
-    # 6. Pictures and widgets
+    # 6. The dynamic half
+    "Rebalance", "Decision", "LayerCosts", "decide",
+    # 7. Pictures and widgets
     "plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory",
+    "plot_partition_history",
     "RunPanel", "TimelineExplorer",
 }
 

@@ -98,6 +98,8 @@ class RunningJob:
         self.error: str | None = None
         self._started_ranks: set[int] = set()
         self._status_unwritten = False
+        self.restarts: list[int] = []
+        """Steps before which a restart-mode job was relaunched (`repartition_mode="restart"`)."""
 
     # --- observation ---------------------------------------------------------------------------
     def progress(self) -> list[dict]:
@@ -119,13 +121,29 @@ class RunningJob:
                 self.launcher.wait(LAUNCHER_GRACE)
                 errors = self._errors()
             finished = [r for r in range(self.spec.world_size) if self.run_dir.result_file(r).exists()]
-            if not errors and self.launcher.returncode() == 0 and len(finished) == self.spec.world_size:
+            if not errors and self.launcher.returncode() == 0 and self._relaunch_due(finished):
+                self.launcher.stop()  # nothing runs any more; this clears its temporary files
+                self.restarts.append(self._relaunch_due(finished))
+                self._started_ranks.clear()
+                self.launcher.start(self.plan, self.run_dir)
+            elif not errors and self.launcher.returncode() == 0 and len(finished) == self.spec.world_size:
                 self._finish("succeeded", None)
             else:
                 self._finish("failed", self._describe_failure(errors))
         elif time.time() - self.started > self.spec.timeout:
             self._finish("timeout", self._describe_hang())
         return self.state
+
+    def _relaunch_due(self, finished: list[int]) -> int | None:
+        """The step a restart-mode job asked to be relaunched before, if it did and this
+        launch has not relaunched it yet (its ranks exited cleanly without results)."""
+        from utils.system.fileio import read_json
+
+        if finished or self.spec.repartition_mode != "restart":
+            return None
+        record = read_json(self.run_dir.file(RunDir.RESTART))
+        step = record.get("step") if isinstance(record, dict) else None
+        return step if isinstance(step, int) and step not in self.restarts else None
 
     def _errors(self) -> list[dict]:
         return [e for r in range(self.spec.world_size) if (e := self.run_dir.error(r)) is not None]

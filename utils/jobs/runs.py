@@ -17,6 +17,7 @@ from pathlib import Path
 
 from utils.jobs.rundir import PartitionChange, RunDir, RunState, runs_dir
 from utils.jobs.spec import JobSpec
+from utils.planning.rebalance import Decision
 from utils.system.procs import pid_alive
 from utils.timeline import Event, Timeline
 from utils.workloads.models import get_model
@@ -127,6 +128,32 @@ class Run:
             initial = next((data.get("parts") for data in self.results.values() if data.get("parts")), None)
         history = [PartitionChange(step=0, boundaries=tuple(initial), reason="plan")] if initial else []
         return history + self.run_dir.partition_changes()
+
+    @property
+    def partition_history(self) -> list[tuple[int, list[int]]]:
+        """``[(step, boundaries), ...]`` from ``(0, initial)`` on: the boundaries in force from
+        each step until the next entry (forced moves, policy moves and restarts alike)."""
+        return [(change.step, list(change.boundaries)) for change in self.partitions]
+
+    @cached_property
+    def rebalance_decisions(self) -> list[Decision]:
+        """Every look of the re-balancing policy (`JobSpec.rebalance`), in step order: the
+        per-layer costs it saw, the prediction, whether it moved and why."""
+        return [Decision.from_dict(row) for row in self.run_dir.decisions()]
+
+    @cached_property
+    def layer_costs(self) -> dict[int, dict[int, tuple[float, float]]]:
+        """Per-layer ``(forward, backward)`` seconds per micro-batch that a re-balancing job
+        measured while it trained: ``{step: {layer: (f, b)}}``, each layer from the rank
+        that held it then (replicas averaged). Empty for jobs without a policy."""
+        found: dict[int, dict[int, list[tuple[float, float]]]] = {}
+        for rank in self.ranks:
+            for row in self.run_dir.layer_costs(rank):
+                for layer, value in row["layers"].items():
+                    found.setdefault(row["step"], {}).setdefault(int(layer), []).append(tuple(value))
+        return {step: {layer: tuple(sum(v[i] for v in values) / len(values) for i in range(2))
+                       for layer, values in sorted(layers.items())}
+                for step, layers in sorted(found.items())}
 
     @property
     def parts(self) -> list[int] | None:

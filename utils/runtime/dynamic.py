@@ -60,13 +60,13 @@ class Curriculum:
 class Repartitioner:
     """Moves the running job to new boundaries: forced, or when the policy says it pays."""
 
-    def __init__(self, state, *, build_seconds: float):
+    def __init__(self, state):
         spec = state.spec
         self.policy = spec.rebalance
         window = self.policy.window if self.policy else 1
         self.costs: deque[tuple[int, dict[int, tuple[float, float]]]] = deque(maxlen=window)
         self.step_seconds: deque[float] = deque(maxlen=window)
-        self.build_seconds = build_seconds
+        self.rebuild_seconds: float | None = None
         self.measured_migration: float | None = None
         self._fresh_engine = True  # the first step of an engine warms up: not measured
         self._param_bytes = [FLOAT_BYTES * n for n in state.model.param_counts()]
@@ -94,6 +94,8 @@ class Repartitioner:
     # --- deciding -----------------------------------------------------------------------------
     def before_step(self, state, step: int) -> None:
         spec = state.spec
+        if self.policy is not None and self.rebuild_seconds is None:
+            self._calibrate(state)
         if step in spec.freeze_at or step in spec.seq_len_at:
             self.forget()
         target, reason = spec.repartition_at.get(step), "repartition_at"
@@ -109,9 +111,23 @@ class Repartitioner:
             request_restart(state, step, target)  # does not return: the launcher relaunches
         self._move(state, step, tuple(target), reason)
 
+    def _calibrate(self, state) -> None:
+        """Time a move that moves nothing (the same boundaries): the rebuild and the ranks'
+        agreement a real move costs besides the bytes it sends. The engine's first build
+        cannot tell it: it also pays one-time imports and set-up (about 4× more on CPU)."""
+        started = time.perf_counter()
+        engine = repartition_live(state.engine, old=state.boundaries, new=state.boundaries,
+                                  build=state.build_engine,
+                                  carry_optimizer=state.spec.repartition_optimizer == "remap")
+        state.adopt(engine, state.boundaries)
+        state.sync_device()
+        self.rebuild_seconds = time.perf_counter() - started
+        self._fresh_engine = True
+
     def _decide(self, state, step: int) -> Decision:
         gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (list(self.costs), list(self.step_seconds), self.measured_migration))
+        dist.all_gather_object(gathered, (list(self.costs), list(self.step_seconds), self.measured_migration,
+                                          self.rebuild_seconds))
         decision = None
         if state.rank == 0:
             def look(migration_seconds: float) -> Decision:
@@ -134,11 +150,11 @@ class Repartitioner:
             return max(measured)
         if self.policy.migration_seconds is not None:
             return self.policy.migration_seconds
-        # Before any move: rebuild time as measured at start-up, plus the state that would
+        # Before any move: the measured rebuild (`_calibrate`), plus the state that would
         # travel (parameters and, carried, two Adam moments each) at an assumed speed.
         share = 3 if state.spec.repartition_optimizer == "remap" else 1
         moved = sum(self._param_bytes[layer] * share for layer, _, _ in moved_layers(state.boundaries, candidate))
-        return estimate_migration_seconds(moved_bytes=moved, rebuild_seconds=self.build_seconds,
+        return estimate_migration_seconds(moved_bytes=moved, rebuild_seconds=max(g[3] for g in gathered),
                                           bytes_per_second=ASSUMED_BYTES_PER_SECOND[state.device])
 
     # --- moving -------------------------------------------------------------------------------
@@ -166,7 +182,7 @@ def _merge(gathered, num_layers: int) -> list[LayerCosts]:
     """Per-layer costs of the whole model for each step every rank measured: each rank knows
     its own layers; data-parallel replicas of a layer are averaged."""
     per_step: dict[int, dict[int, list[tuple[float, float]]]] = {}
-    for costs, _, _ in gathered:
+    for costs, *_ in gathered:
         for step, layers in costs:
             for layer, value in layers.items():
                 per_step.setdefault(step, {}).setdefault(int(layer), []).append(value)

@@ -15,7 +15,14 @@ boundaries, so sender and receiver skip a gradient transfer together:
 - RecvActivation: the received activation needs no gradient when every layer before this
   stage is frozen;
 - SendGrad / RecvGrad: skipped on both sides of a cut whose upstream side is all frozen;
-- BackwardPass: skipped on a stage whose layers (and all before them) are frozen.
+- BackwardPass: skipped on a stage whose layers (and all before them) are frozen;
+
+and one engine method: DeepSpeed clips gradients by default, and ``clip_grad_norm_``
+all-reduces the norm over the model-parallel group (every stage) and the data-parallel
+group, then fails on a stage with no gradient at all (it indexes the first parameter that
+has one). On such a stage `clip_fp32_gradients` joins the same collectives with one
+zero-gradient stand-in, the norm 0 its absent gradients have. The optimizer step itself
+runs, so the LR scheduler and the step counters stay in line with the other stages.
 
 The parameters keep their place in the optimizer (Adam skips a parameter whose ``grad`` is
 None), so a stage that becomes all-frozen still has an optimizer, and the optimizer's
@@ -55,6 +62,7 @@ class FrozenPrefix:
             cls = _instruction(name)
             wrapped[cls] = wrap(found[cls])
         engine._INSTRUCTION_MAP = wrapped
+        engine.clip_fp32_gradients = self._clipping(engine, engine.clip_fp32_gradients)
         self.apply(engine)
 
     def freeze(self, engine, count: int) -> None:
@@ -120,6 +128,21 @@ class FrozenPrefix:
             engine.pipe_buffers["outputs"][buffer_id] = None
 
         return backward
+
+    def _clipping(self, engine, clip):
+        prefix = self
+
+        def clip_fp32_gradients():
+            if prefix._output_needs_grad():
+                return clip()
+            import torch
+            from deepspeed.runtime.utils import clip_grad_norm_
+
+            stand_in = torch.zeros(1, device=engine.device, requires_grad=True)
+            stand_in.grad = torch.zeros_like(stand_in)
+            return clip_grad_norm_(parameters=[stand_in], max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+
+        return clip_fp32_gradients
 
 
 def local_layers(engine) -> dict[int, object]:

@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,6 +62,10 @@ class RankState:
     """The `LayerCostMeter` of a job that re-balances itself, else None."""
     pending_events: list = field(default_factory=list)
     """Events a hook adds to the coming step (a re-partition), written with the step's own."""
+    first_step: int = 0
+    """The step training starts from: 0, or where a restart (`utils.runtime.restart`) resumes."""
+    origin_wall: float | None = None
+    """Wall-clock time of t = 0 (rank 0's), so a relaunched job continues the same time axis."""
     _costs_file: Any = None
 
     def build_engine(self, boundaries: Sequence[int]):
@@ -144,6 +148,16 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
                                 seed_fn=seed_layer)
 
 
+def connect(device: str) -> None:
+    """Join the job's process group (once per process; later calls do nothing)."""
+    import deepspeed
+    import torch
+
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+
+
 def build_engine(spec: JobSpec, model, boundaries: Sequence[int], device: str):
     """The module and its DeepSpeed engine, with the spec's schedule installed.
 
@@ -151,14 +165,11 @@ def build_engine(spec: JobSpec, model, boundaries: Sequence[int], device: str):
     (a re-partition) reuses it.
     """
     import deepspeed
-    import torch
 
     from utils.jobs.config import deepspeed_config
     from utils.runtime.lowering import install_schedule
 
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    connect(device)
     module = build_module(spec, model, boundaries)
     engine, _, _, _ = deepspeed.initialize(
         model=module, model_parameters=[p for p in module.parameters() if p.requires_grad],
@@ -188,9 +199,13 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     from utils.system.cpu import prepare_cpu_rank
     from utils.workloads.models import batches, get_model
 
+    from utils.runtime.restart import pending, resume
+
     spec = JobSpec.from_dict(run_dir.read_spec())
     plan = run_dir.read_plan()
-    device, boundaries = plan["device"], list(plan["partition"]["parts"])
+    restart = pending(run_dir)
+    device = plan["device"]
+    boundaries = list(restart["new"] if restart else plan["partition"]["parts"])
     if device == "cpu":
         prepare_cpu_rank()  # threads, and the allocator the profile measured with
     model = get_model(spec.model, spec.model_options)
@@ -199,19 +214,20 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
                       frozen=FrozenPrefix() if spec.freeze_at else None,
                       meter=LayerCostMeter(CudaClock() if device == "cuda" else HostClock()) if spec.rebalance
                       else None)
-    started = time.perf_counter()
     engine = state.build_engine(boundaries)
-    build_seconds = time.perf_counter() - started
     state.adopt(engine, boundaries)
     state.data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size,
                          replica=engine.grid.data_parallel_id)
+    if restart:
+        state.origin_wall = restart["origin_wall"]
+        state.first_step = resume(state, restart)
     hooks: list[StepHook] = []
     if spec.freeze_at:
         hooks.append(Freezer())
     if spec.seq_len_at:
         hooks.append(Curriculum())
     if spec.repartition_at or spec.rebalance:
-        hooks.append(Repartitioner(state, build_seconds=build_seconds))
+        hooks.append(Repartitioner(state))
     return state, hooks
 
 
@@ -219,10 +235,16 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
     """Run every step, appending events and progress to the run directory after each."""
     import json
 
-    state.tracer.set_origin(_common_origin())
+    if state.origin_wall is None:
+        origin, state.origin_wall = _common_origin()
+    else:  # a relaunched job: the same t = 0 as before the restart
+        origin = time.perf_counter() - (time.time() - state.origin_wall)
+    shift = state.tracer.origin - origin  # events queued before t = 0 was known (a restart's)
+    state.pending_events = [replace(e, start=e.start + shift, end=e.end + shift) for e in state.pending_events]
+    state.tracer.set_origin(origin)
     run_dir, rank = state.run_dir, state.rank
     with open(run_dir.events(rank), "a") as events_file, open(run_dir.progress_file(rank), "a") as progress_file:
-        for step in range(state.spec.steps):
+        for step in range(state.first_step, state.spec.steps):
             for hook in hooks:
                 hook.before_step(state, step)
             state.tracer.begin_step(step)
@@ -250,10 +272,10 @@ def report(state: RankState) -> None:
         "memory_kind": memory_kind, "device": state.device, "threads": torch.get_num_threads()})
 
 
-def _common_origin() -> float:
-    """The host time every rank calls t = 0. Ranks on rank 0's machine share its monotonic
-    clock, so they take rank 0's reading as is (exact); ranks elsewhere map it through the
-    wall clock (as good as the machines' clock sync)."""
+def _common_origin() -> tuple[float, float]:
+    """The host time every rank calls t = 0, and rank 0's wall-clock time then. Ranks on rank
+    0's machine share its monotonic clock, so they take rank 0's reading as is (exact); ranks
+    elsewhere map it through the wall clock (as good as the machines' clock sync)."""
     import socket
 
     import torch.distributed as dist
@@ -262,8 +284,8 @@ def _common_origin() -> float:
     dist.broadcast_object_list(reading, src=0)
     host, wall, perf = reading[0]
     if host == socket.gethostname():
-        return perf
-    return time.perf_counter() - (time.time() - wall)
+        return perf, wall
+    return time.perf_counter() - (time.time() - wall), wall
 
 
 def _peak_memory(device: str) -> tuple[int, str]:

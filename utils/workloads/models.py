@@ -265,6 +265,14 @@ class Batches:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.make_batch(self._generator, self.micro_batch_size, self.tokens)
 
+    def state(self) -> dict:
+        """The position in the stream (saved with a checkpoint; see `restore`)."""
+        return {"generator": self._generator.get_state(), "tokens": self.tokens}
+
+    def restore(self, state: dict) -> None:
+        self._generator.set_state(state["generator"])
+        self.tokens = state["tokens"]
+
 
 def batches(model: Model, *, seed: int, micro_batch_size: int, replica: int = 0) -> Batches:
     """`Batches` for one replica (see there)."""
