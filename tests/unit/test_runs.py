@@ -172,3 +172,20 @@ def test_one_bad_record_does_not_break_list_runs(tmp_path):
         Run.load(cut)
     with pytest.raises(ValueError, match=r"cannot be read by this version .*unknown JobSpec field\(s\) \['pipeline'\]"):
         Run.load(other_version)
+
+
+def test_batches_change_length_and_resume_where_they_were():
+    """A curriculum shortens samples between steps; a restart resumes the stream exactly."""
+    from utils.workloads.models import batches, get_model
+
+    model = get_model("gpt", {"seq_len": 16, "vocab": 64})
+    stream = batches(model, seed=3, micro_batch_size=2)
+    assert next(stream)[0].shape == (2, 16)
+    stream.tokens = 4
+    inputs, labels = next(stream)
+    assert inputs.shape == labels.shape == (2, 4)
+    saved = stream.state()
+    expected = [next(stream)[0] for _ in range(3)]
+    again = batches(model, seed=3, micro_batch_size=2)
+    again.restore(saved)
+    assert all((next(again)[0] == e).all() for e in expected)

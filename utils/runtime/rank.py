@@ -264,12 +264,20 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
 def report(state: RankState) -> None:
     import torch
 
+    from utils.runtime.frozen import local_layers
+
     peak, memory_kind = _peak_memory(state.device)
     parts = list(state.engine.module.parts)
+    # A fingerprint of every local layer's final weights (sum, sum of squares in float64):
+    # enough to tell a frozen layer that never changed, or two runs that ended alike.
+    fingerprints = {str(i): [sum(float(p.double().sum()) for p in layer.parameters()),
+                             sum(float(p.double().square().sum()) for p in layer.parameters())]
+                    for i, layer in local_layers(state.engine).items()}
     state.run_dir.write_result(state.rank, {
         "rank": state.rank, "stage": state.stage, "replica": state.replica, "parts": parts,
         "layers": [parts[state.stage], parts[state.stage + 1]], "peak_memory_bytes": peak,
-        "memory_kind": memory_kind, "device": state.device, "threads": torch.get_num_threads()})
+        "memory_kind": memory_kind, "device": state.device, "threads": torch.get_num_threads(),
+        "layer_fingerprints": fingerprints})
 
 
 def _common_origin() -> tuple[float, float]:

@@ -1,0 +1,65 @@
+"""The dynamic fields of `JobSpec` (issue 22): every mistake is caught before any process
+starts, with a message that says what to change, and the fields survive the JSON record."""
+
+import json
+
+import pytest
+
+from utils import Fault, JobSpec, Rebalance, run_job
+
+# gpt default: 8 layers (embedding, 6 blocks, head); steps=6 below.
+BASE = {"num_stages": 2, "steps": 6}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"repartition_at": {0: [0, 2, 8]}}, r"repartition_at: step 0 is outside 1..5 .*set partition= for it"),
+    ({"repartition_at": {6: [0, 2, 8]}}, r"repartition_at: step 6 is outside 1..5"),
+    ({"repartition_at": {2: [0, 9, 8]}}, r"repartition_at\[2\]: "),
+    ({"repartition_at": {2: [0, 2, 4, 8]}}, r"repartition_at\[2\]: "),
+    ({"repartition_at": {2: [0, 2.5, 8]}}, r"repartition_at\[2\]: "),
+    ({"repartition_at": [2, [0, 2, 8]]}, r"repartition_at must be a dict"),
+    ({"repartition_mode": "hot"}, r"unknown repartition_mode 'hot'; choose one of \('live', 'restart'\)"),
+    ({"repartition_optimizer": "keep"}, r"unknown repartition_optimizer 'keep'"),
+    ({"rebalance": Rebalance(), "repartition_at": {2: [0, 2, 8]}}, r"either repartition_at .* or rebalance"),
+    ({"rebalance": Rebalance(), "repartition_mode": "restart"}, r"needs repartition_mode='live'"),
+    ({"rebalance": {"every": 2}}, r"rebalance must be a utils.Rebalance"),
+    ({"rebalance": Rebalance(window=5, every=2)}, r"window"),
+    ({"freeze_at": {1: 8}}, r"freeze_at\[1\]=8 freezes every layer of the 8: .*at most 7"),
+    ({"freeze_at": {1: 4, 3: 2}}, r"freeze_at\[3\]=2 unfreezes layers frozen earlier \(4\)"),
+    ({"freeze_at": {7: 2}}, r"freeze_at: step 7 is outside 0..5"),
+    ({"freeze_at": {1: 0}}, r"freeze_at\[1\]"),
+    ({"seq_len_at": {1: 65}}, r"seq_len_at\[1\]=65 exceeds the model's seq_len 64"),
+    ({"seq_len_at": {1: 8}, "model": "mlp"}, r"seq_len_at needs a language model preset"),
+    ({"fault": Fault(instruction="repartition", step=2)}, r"a fault in 'repartition' at step 2 needs a live"),
+    ({"fault": Fault(instruction="repartition", step=2), "repartition_at": {2: [0, 2, 8]},
+      "repartition_mode": "restart"}, r"needs a live re-partition"),
+    ({"lr_warmup_steps": -1}, r"lr_warmup_steps"),
+])
+def test_bad_dynamic_fields_are_explained(fields, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        JobSpec(**{**BASE, **fields}).check()
+
+
+def test_a_bad_repartition_starts_nothing(tmp_path):
+    with pytest.raises(ValueError, match=r"repartition_at\[3\]"):
+        run_job(JobSpec(**BASE, repartition_at={3: [0, 8, 8]}), directory=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dynamic_fields_round_trip_through_json():
+    spec = JobSpec(**BASE, repartition_at={2: [0, 2, 8], 4: (0, 6, 8)}, freeze_at={1: 2, 3: 4},
+                   seq_len_at={0: 16}, lr_warmup_steps=2)
+    again = JobSpec.from_dict(json.loads(spec.to_json()))  # JSON turns step keys into strings
+    assert again == spec and again.repartition_at == {2: (0, 2, 8), 4: (0, 6, 8)}
+    again.check()
+    policy = JobSpec(**BASE, rebalance=Rebalance(every=2, window=2, payback=1.5))
+    assert JobSpec.from_dict(json.loads(policy.to_json())) == policy
+
+
+def test_a_warm_up_adds_deepspeeds_scheduler():
+    from utils import deepspeed_config
+
+    assert "scheduler" not in deepspeed_config(JobSpec())
+    scheduler = deepspeed_config(JobSpec(lr_warmup_steps=5, lr=1e-3))["scheduler"]
+    assert scheduler["type"] == "WarmupLR"
+    assert scheduler["params"]["warmup_num_steps"] == 5 and scheduler["params"]["warmup_max_lr"] == 1e-3
