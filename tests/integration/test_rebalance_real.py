@@ -73,13 +73,15 @@ def test_a_repartitioned_job_trains_exactly_like_the_static_one(runs_root, stage
     assert max(_relative_gaps(dropped.losses, static)) > 1e3 * EXACT, (dropped.losses, static)
 
 
-def test_frozen_layers_stay_frozen_across_moves(runs_root):
+@pytest.mark.parametrize("mode", ["live", "restart"])
+def test_frozen_layers_stay_frozen_across_moves(runs_root, mode):
     """Layers 0-2 are frozen from the start (so their weights must end as they began) while
     the boundaries move them from stage 0 to 1 and back; the loss equals the static run's
     with the same freezing, and a stage that holds only frozen layers runs no backward."""
     frozen = {0: 3}
     moves = {2: (0, 2, 8), 4: (0, 5, 8)}
-    run = run_job(_spec(2, freeze_at=frozen, repartition_at=moves, name="frozen-moves"), progress=False)
+    run = run_job(_spec(2, freeze_at=frozen, repartition_at=moves, repartition_mode=mode,
+                        name=f"frozen-moves-{mode}"), progress=False)
     static = _static_losses(2, tuple(frozen.items()))
     assert max(_relative_gaps(run.losses, static)) <= EXACT
     model = run.spec  # the sequential reference starts from the same seeded weights

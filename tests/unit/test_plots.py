@@ -223,3 +223,27 @@ def test_chinese_labels():
     assert sweep.data[0].name == "实测" and sweep.layout.title.text == "b 随 m 的变化"
     # back to English outside the block
     assert plot_timeline(tl(one_f_one_b(4, 8))).layout.xaxis.title.text == "time in step (ms)"
+
+
+def test_partition_history_plot_shows_costs_boundaries_and_moves():
+    from utils.ui.rebalance_plots import plot_partition_history, stage_cost_per_step
+
+    events = []
+    for step in range(4):  # stage 1 costs 3 ms per micro-batch until the move before step 2
+        slow = 3 * MS if step < 2 else 2 * MS
+        events += schedule_events(2, 2, f=[1 * MS, slow / 3], b=[1 * MS, 2 * slow / 3], step=step, offset=step)
+    events += [Event(stage=s, rank=s, step=2, kind="repartition", micro_batch=None, start=1.9, end=1.95)
+               for s in range(2)]
+    timeline = Timeline(events=tuple(events), num_stages=2, num_micro_batches=2, source="measured",
+                        meta={"partitions": [(0, [0, 4, 8]), (2, [0, 5, 8])]})
+    costs = stage_cost_per_step(timeline)
+    assert costs[0] == pytest.approx([2 * MS, 3 * MS]) and costs[3] == pytest.approx([2 * MS, 2 * MS])
+    fig = plot_partition_history(timeline, lang="en")
+    stage_lines = [t for t in fig.data if t.name.startswith("stage ") and t.name != "stage boundary"]
+    assert [list(t.y) for t in stage_lines][1] == pytest.approx([3.0, 3.0, 2.0, 2.0])
+    boundary = next(t for t in fig.data if t.name == "stage boundary")
+    assert list(boundary.y) == [4, 4, 5, 5]
+    notes = [a.text for a in fig.layout.annotations]
+    assert any("[0, 5, 8]" in n and "50 ms" in n for n in notes), notes
+    with pytest.raises(ValueError, match="no partition history"):
+        plot_partition_history(Timeline(events=tuple(events), num_stages=2, num_micro_batches=2))

@@ -38,7 +38,7 @@ class _Stamp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.meter._marks.append(("b", ctx.layer, ctx.meter.clock.mark()))
+        ctx.meter._marks.append(("b", ctx.layer, ctx.meter._mark()))
         return grad, None, None
 
 
@@ -75,25 +75,32 @@ class LayerCostMeter:
 
         def timed_backward(engine, **kwargs):
             if meter.enabled:
-                meter._marks.append(("B", -1, meter.clock.mark()))
+                meter._marks.append(("B", -1, meter._mark()))
             backward(engine, **kwargs)
             if meter.enabled:
-                meter._marks.append(("E", -1, meter.clock.mark()))
+                meter._marks.append(("E", -1, meter._mark()))
 
         found[BackwardPass] = timed_backward
         engine._INSTRUCTION_MAP = found
 
+    def _mark(self):
+        """A clock mark; the step's first one starts the clock's step (on GPU: the origin
+        event the others are resolved against, after one synchronize)."""
+        if not self._marks:
+            self.clock.begin_step()
+        return self.clock.mark()
+
     def _before_forward(self, index: int):
         def hook(module, args):
             if self.enabled:
-                self._marks.append(("f", index, self.clock.mark()))
+                self._marks.append(("f", index, self._mark()))
         return hook
 
     def _after_forward(self, index: int):
         def hook(module, args, output):
             if not self.enabled:
                 return None
-            self._marks.append(("F", index, self.clock.mark()))
+            self._marks.append(("F", index, self._mark()))
             if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
                 return _Stamp.apply(output, self, index)
             return None

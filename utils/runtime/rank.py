@@ -221,6 +221,9 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     if restart:
         state.origin_wall = restart["origin_wall"]
         state.first_step = resume(state, restart)
+        if state.frozen is not None:  # what froze before the restart stays frozen
+            state.frozen.freeze(engine, max((n for step, n in spec.freeze_at.items() if step < state.first_step),
+                                            default=0))
     hooks: list[StepHook] = []
     if spec.freeze_at:
         hooks.append(Freezer())
