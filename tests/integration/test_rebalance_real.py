@@ -156,3 +156,14 @@ def test_a_sequence_length_curriculum_runs_and_can_move(runs_root):
     assert len(run.losses) == 6 and all(math.isfinite(x) for x in run.losses)
     assert run.partition_history[-1] == (4, [0, 3, 8])
     assert all(gap > 1e-3 for gap in _relative_gaps(run.losses, _static_losses(2)))
+
+
+def test_data_parallel_replicas_each_move_their_own_copy(runs_root):
+    """2 stages × 2 replicas (4 ranks): each replica's layers move within the replica, and
+    the averaged gradients, the freezing and the clipping collectives stay in line."""
+    fields = dict(data_parallel=2, micro_batches=2, steps=5, freeze_at={1: 2})
+    static = run_job(_spec(2, **fields, name="dp-static"), progress=False)
+    moved = run_job(_spec(2, **fields, repartition_at={2: (0, 2, 8), 3: (0, 6, 8)}, name="dp-live"),
+                    progress=False)
+    assert max(_relative_gaps(moved.losses, static.losses)) <= EXACT
+    assert sorted(e.rank for e in moved.timeline.select(step=3, kinds=("repartition",))) == [0, 1, 2, 3]
