@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from utils import validation
+from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, RepartitionMode, check_batching, check_dynamic,
+                                    count as _count, is_sequence as _is_sequence)
+from utils.planning.microbatching import Batching
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
 from utils.timeline import INSTRUCTION_KINDS, InstructionKind
@@ -31,17 +34,11 @@ PartitionMethod = Literal["uniform", "parameters", "profile"]
 (measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
 DeepSpeed's ``type:REGEX`` is left out on purpose (see `utils.jobs.plan.plan_boundaries`)."""
 FaultKind = Literal["raise", "hang", "exit", "killed"]
-RepartitionMode = Literal["live", "restart"]
-"""How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
-OptimizerCarry = Literal["remap", "drop"]
-"""What a re-partition does with the optimizer state (`JobSpec.repartition_optimizer`)."""
 
 JOB_SCHEDULES: tuple[str, ...] = get_args(JobSchedule)
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
-REPARTITION_MODES: tuple[str, ...] = get_args(RepartitionMode)
-OPTIMIZER_CARRIES: tuple[str, ...] = get_args(OptimizerCarry)
 FAULT_POINTS: tuple[str, ...] = (*INSTRUCTION_KINDS, "repartition")
 """Where a `Fault` may strike: at the start of an instruction, or inside a live re-partition."""
 
@@ -133,6 +130,23 @@ class JobSpec:
     """Progressive layer freezing: ``{step: n}`` freezes the first `n` layers from `step` on
     (no weight gradients, no optimizer update, no backward through a frozen prefix). `n`
     never decreases and stays below the layer count."""
+    batching: Batching = "fixed"
+    """How a step's samples become micro-batches (`utils.planning.microbatching`): ``"fixed"``
+    (every sample `seq_len` long, no padding) or, with variable-length samples
+    (`utils.workloads.varlen`), ``"pad-to-max"``, ``"sorted"`` or ``"token-budget"``."""
+    lengths: Sequence[int] | None = None
+    """Variable-length batching: the sample lengths to cycle through; None draws them from
+    the long-tailed default (log-normal, see `utils.workloads.varlen`)."""
+    token_budget: int | None = None
+    """``"token-budget"`` batching: the most padded tokens one micro-batch may hold (a memory
+    cap); at least the longest sample."""
+    loss_per: LossNormalisation = "token"
+    """``"token"``: the loss is the mean over the real tokens of the whole batch, whatever the
+    micro-batches; ``"micro-batch"``: the mean inside each micro-batch, averaged (the naive
+    way, whose gradient depends on the cut; there to compare)."""
+    micro_batches_at: Mapping[int, int] = field(default_factory=dict)
+    """``{step: m}``: from `step` on, cut the same global batch into `m` micro-batches (each
+    of micro_batch_size × micro_batches / m samples)."""
     seq_len_at: Mapping[int, int] = field(default_factory=dict)
     """A sequence-length curriculum (``gpt`` presets): ``{step: tokens}`` trains on samples of
     `tokens` tokens from `step` on (at most the preset's ``seq_len``; before the first entry
@@ -147,7 +161,9 @@ class JobSpec:
         if isinstance(self.model_options, Mapping):
             object.__setattr__(self, "model_options", {k: _plain_int(v) for k, v in self.model_options.items()})
         # Step-keyed maps come back from JSON with string keys; boundaries as tuples (comparable).
-        for name in ("repartition_at", "freeze_at", "seq_len_at"):
+        if _is_sequence(self.lengths):
+            object.__setattr__(self, "lengths", tuple(_plain_int(x) for x in self.lengths))
+        for name in ("repartition_at", "freeze_at", "seq_len_at", "micro_batches_at"):
             value = getattr(self, name)
             if isinstance(value, Mapping):
                 object.__setattr__(self, name, {_step_key(k): _plain_int(v) if name != "repartition_at" else
@@ -222,59 +238,10 @@ class JobSpec:
         _count("lr_warmup_steps", self.lr_warmup_steps, minimum=0)
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {self.name!r}")
-        self._check_dynamic(n)
+        check_dynamic(self, n)
+        check_batching(self)
         if self.fault is not None:
             self._check_fault()
-
-    def _check_dynamic(self, n_layers: int) -> None:
-        """The dynamic fields: every step inside the run, every partition valid, freezing only
-        ever grows, one way of re-partitioning at a time."""
-        for name in ("repartition_at", "freeze_at", "seq_len_at"):
-            if not isinstance(getattr(self, name), Mapping):
-                raise TypeError(f"{name} must be a dict {{step: ...}}, got {getattr(self, name)!r}")
-        for step, boundaries in self.repartition_at.items():
-            _step_in_run("repartition_at", step, self.steps, first=1,
-                         why="step 0 starts with the planned partition: set partition= for it")
-            try:
-                validation.boundaries(boundaries, n_layers=n_layers, num_stages=self.num_stages)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"repartition_at[{step}]: {exc}") from None
-        if self.repartition_mode not in REPARTITION_MODES:
-            raise ValueError(f"unknown repartition_mode {self.repartition_mode!r}; choose one of {REPARTITION_MODES}")
-        if self.repartition_optimizer not in OPTIMIZER_CARRIES:
-            raise ValueError(f"unknown repartition_optimizer {self.repartition_optimizer!r}; "
-                             f"choose one of {OPTIMIZER_CARRIES}")
-        if self.rebalance is not None:
-            if not isinstance(self.rebalance, Rebalance):
-                raise TypeError(f"rebalance must be a utils.Rebalance(...) or None, got {self.rebalance!r}")
-            self.rebalance.check()
-            if self.repartition_at:
-                raise ValueError("give either repartition_at (forced moves) or rebalance (the job decides), "
-                                 "not both: a forced move would overrule the policy's measurements")
-            if self.repartition_mode != "live":
-                raise ValueError("rebalance re-partitions a running job, which needs repartition_mode='live' "
-                                 "(restart mode is the baseline for forced moves, repartition_at)")
-        previous = 0
-        for step, frozen in self.freeze_at.items():
-            _step_in_run("freeze_at", step, self.steps)
-            _count(f"freeze_at[{step}]", frozen)
-            if frozen >= n_layers:
-                raise ValueError(f"freeze_at[{step}]={frozen} freezes every layer of the {n_layers}: nothing "
-                                 f"would train; freeze at most {n_layers - 1}")
-            if frozen < previous:
-                raise ValueError(f"freeze_at[{step}]={frozen} unfreezes layers frozen earlier ({previous}); "
-                                 "progressive freezing only grows: give non-decreasing counts")
-            previous = frozen
-        if self.seq_len_at:
-            longest = get_model(self.model, self.model_options).seq_len
-            if longest is None:
-                raise ValueError(f"seq_len_at needs a language model preset ('gpt', 'gpt-large'), not {self.model!r}")
-            for step, tokens in self.seq_len_at.items():
-                _step_in_run("seq_len_at", step, self.steps)
-                _count(f"seq_len_at[{step}]", tokens)
-                if tokens > longest:
-                    raise ValueError(f"seq_len_at[{step}]={tokens} exceeds the model's seq_len {longest} (its "
-                                     f"position table); use at most {longest} or model_options={{'seq_len': ...}}")
 
     def _check_fault(self) -> None:
         f = self.fault
@@ -300,6 +267,8 @@ class JobSpec:
         if not isinstance(self.partition, str):
             data["partition"] = list(self.partition)
         data["repartition_at"] = {step: list(b) for step, b in self.repartition_at.items()}
+        if self.lengths is not None:
+            data["lengths"] = list(self.lengths)
         if self.rebalance is not None:
             data["rebalance"] = self.rebalance.to_dict()
         return data
@@ -390,25 +359,6 @@ def _step_key(key):
     if isinstance(key, str) and key.strip().lstrip("-").isdigit():
         return int(key)
     return _plain_int(key)
-
-
-def _is_sequence(value) -> bool:
-    return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__iter__")
-
-
-def _step_in_run(name: str, step, steps: int, *, first: int = 0, why: str = "") -> None:
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"{name}: steps must be integers, got {step!r}")
-    if not first <= step < steps:
-        raise ValueError(f"{name}: step {step} is outside {first}..{steps - 1} (the job trains steps=" +
-                         f"{steps}){'; ' + why if why else ''}")
-
-
-def _count(name: str, value, *, minimum: int = 1) -> None:
-    """An integer field: no floats (2.0 would reach DeepSpeed as a float), no booleans."""
-    if isinstance(value, float):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    validation.count(name, value, minimum=minimum)
 
 
 def _positive_number(name: str, value, example: str) -> None:

@@ -2,6 +2,8 @@
 
 - `Freezer`: progressive layer freezing (`JobSpec.freeze_at`);
 - `Curriculum`: a sequence-length curriculum (`JobSpec.seq_len_at`);
+- `MicroBatching`: variable-length samples cut into micro-batches by a plan, and a micro-batch
+  count that changes between steps (`JobSpec.batching`, `JobSpec.micro_batches_at`);
 - `Repartitioner`: forced re-partitions (`JobSpec.repartition_at`) and the re-balancing
   policy (`JobSpec.rebalance`): it collects the per-layer costs the `LayerCostMeter`
   measures, lets rank 0 decide with `utils.planning.rebalance.decide`, records every
@@ -52,6 +54,23 @@ class Curriculum:
         if tokens is not None and tokens != state.data.tokens:
             state.data.tokens = tokens
             state.engine.reset_activation_shape()
+
+    def after_step(self, state, step, loss, seconds) -> None:
+        pass
+
+
+class MicroBatching:
+    """Plans each step's micro-batches (`utils.workloads.varlen`) and sets the engine's
+    micro-batch count to the plan's (``set_train_batch_size``: DeepSpeed's gradient
+    accumulation steps) before the step; runs after any hook that may replace the engine."""
+
+    def before_step(self, state, step: int) -> None:
+        spec = state.spec
+        changes = [m for at, m in sorted(spec.micro_batches_at.items()) if at <= step]
+        state.data.micro_batches = changes[-1] if changes else spec.micro_batches
+        count = state.data.begin_step(step)
+        if count != state.engine.micro_batches:
+            state.engine.set_train_batch_size(count * spec.micro_batch_size * spec.data_parallel)
 
     def after_step(self, state, step, loss, seconds) -> None:
         pass

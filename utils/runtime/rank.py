@@ -145,7 +145,7 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
 
     return FixedPartitionModule(layers=model.layer_specs(), num_stages=spec.num_stages,
                                 loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed,
-                                seed_fn=seed_layer)
+                                seed_fn=seed_layer, dynamic_shape=_varies(spec))
 
 
 def connect(device: str) -> None:
@@ -192,12 +192,13 @@ def trace(engine, spec: JobSpec, run_dir: RunDir, rank: int, device: str):
 
 def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     """This rank's state at the plan's boundaries, and the hooks the spec asks for."""
-    from utils.runtime.dynamic import Curriculum, Freezer, Repartitioner
+    from utils.runtime.dynamic import Curriculum, Freezer, MicroBatching, Repartitioner
     from utils.runtime.frozen import FrozenPrefix
     from utils.runtime.layercost import LayerCostMeter
     from utils.runtime.tracing import CudaClock, HostClock
     from utils.system.cpu import prepare_cpu_rank
     from utils.workloads.models import batches, get_model
+    from utils.workloads.varlen import batches_for
 
     from utils.runtime.restart import pending, resume
 
@@ -216,8 +217,9 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
                       else None)
     engine = state.build_engine(boundaries)
     state.adopt(engine, boundaries)
-    state.data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size,
-                         replica=engine.grid.data_parallel_id)
+    state.data = (batches_for(spec, model, replica=engine.grid.data_parallel_id) if _varies(spec) else
+                  batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size,
+                          replica=engine.grid.data_parallel_id))
     if restart:
         state.origin_wall = restart["origin_wall"]
         state.first_step = resume(state, restart)
@@ -231,7 +233,14 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
         hooks.append(Curriculum())
     if spec.repartition_at or spec.rebalance:
         hooks.append(Repartitioner(state))
+    if _varies(spec):
+        hooks.append(MicroBatching())  # last: it sets the count on the engine the step runs on
     return state, hooks
+
+
+def _varies(spec: JobSpec) -> bool:
+    """Whether micro-batches change shape between steps (variable lengths, a new count)."""
+    return spec.batching != "fixed" or bool(spec.micro_batches_at)
 
 
 def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:

@@ -92,8 +92,15 @@ class MLPBlock(nn.Module):
         return x + F.gelu(self.fc(x))
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy over every position."""
+def lm_loss(logits: torch.Tensor, labels) -> torch.Tensor:
+    """Next-token cross-entropy: the mean over every position, or, for variable-length
+    micro-batches (`utils.workloads.varlen`), labels ``(targets, scale)``: the sum over real
+    tokens (pads are -100, ignored) times `scale`, which normalises by the step's real tokens."""
+    if isinstance(labels, (tuple, list)):
+        targets, scale = labels
+        summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                                 ignore_index=-100, reduction="sum")
+        return summed * scale
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 

@@ -1,0 +1,140 @@
+"""The checks of `JobSpec`'s dynamic fields (re-partitioning, freezing, curricula, variable
+micro-batching), kept apart from the spec so that it stays a readable list of fields: each
+says what to change, before any process starts. `JobSpec.check` calls them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, get_args
+
+from utils import validation
+from utils.planning.microbatching import BATCHING_METHODS
+from utils.planning.rebalance import Rebalance
+from utils.workloads.models import get_model
+
+RepartitionMode = Literal["live", "restart"]
+"""How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
+OptimizerCarry = Literal["remap", "drop"]
+"""What a re-partition does with the optimizer state (`JobSpec.repartition_optimizer`)."""
+LossNormalisation = Literal["token", "micro-batch"]
+"""What a variable-length job's loss is the mean over (`JobSpec.loss_per`)."""
+REPARTITION_MODES: tuple[str, ...] = get_args(RepartitionMode)
+OPTIMIZER_CARRIES: tuple[str, ...] = get_args(OptimizerCarry)
+LOSS_NORMALISATIONS: tuple[str, ...] = get_args(LossNormalisation)
+
+
+def check_dynamic(self, n_layers: int) -> None:  # self: the JobSpec
+    """The dynamic fields: every step inside the run, every partition valid, freezing only
+    ever grows, one way of re-partitioning at a time."""
+    for name in ("repartition_at", "freeze_at", "seq_len_at", "micro_batches_at"):
+        if not isinstance(getattr(self, name), Mapping):
+            raise TypeError(f"{name} must be a dict {{step: ...}}, got {getattr(self, name)!r}")
+    for step, boundaries in self.repartition_at.items():
+        step_in_run("repartition_at", step, self.steps, first=1,
+                     why="step 0 starts with the planned partition: set partition= for it")
+        try:
+            validation.boundaries(boundaries, n_layers=n_layers, num_stages=self.num_stages)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"repartition_at[{step}]: {exc}") from None
+    if self.repartition_mode not in REPARTITION_MODES:
+        raise ValueError(f"unknown repartition_mode {self.repartition_mode!r}; choose one of {REPARTITION_MODES}")
+    if self.repartition_optimizer not in OPTIMIZER_CARRIES:
+        raise ValueError(f"unknown repartition_optimizer {self.repartition_optimizer!r}; "
+                         f"choose one of {OPTIMIZER_CARRIES}")
+    if self.rebalance is not None:
+        if not isinstance(self.rebalance, Rebalance):
+            raise TypeError(f"rebalance must be a utils.Rebalance(...) or None, got {self.rebalance!r}")
+        self.rebalance.check()
+        if self.repartition_at:
+            raise ValueError("give either repartition_at (forced moves) or rebalance (the job decides), "
+                             "not both: a forced move would overrule the policy's measurements")
+        if self.repartition_mode != "live":
+            raise ValueError("rebalance re-partitions a running job, which needs repartition_mode='live' "
+                             "(restart mode is the baseline for forced moves, repartition_at)")
+    previous = 0
+    for step, frozen in self.freeze_at.items():
+        step_in_run("freeze_at", step, self.steps)
+        count(f"freeze_at[{step}]", frozen)
+        if frozen >= n_layers:
+            raise ValueError(f"freeze_at[{step}]={frozen} freezes every layer of the {n_layers}: nothing "
+                             f"would train; freeze at most {n_layers - 1}")
+        if frozen < previous:
+            raise ValueError(f"freeze_at[{step}]={frozen} unfreezes layers frozen earlier ({previous}); "
+                             "progressive freezing only grows: give non-decreasing counts")
+        previous = frozen
+    if self.seq_len_at:
+        longest = get_model(self.model, self.model_options).seq_len
+        if longest is None:
+            raise ValueError(f"seq_len_at needs a language model preset ('gpt', 'gpt-large'), not {self.model!r}")
+        for step, tokens in self.seq_len_at.items():
+            step_in_run("seq_len_at", step, self.steps)
+            count(f"seq_len_at[{step}]", tokens)
+            if tokens > longest:
+                raise ValueError(f"seq_len_at[{step}]={tokens} exceeds the model's seq_len {longest} (its "
+                                 f"position table); use at most {longest} or model_options={{'seq_len': ...}}")
+
+def check_batching(self) -> None:  # self: the JobSpec
+    """Variable-length samples and micro-batch plans: caught here, not in a rank."""
+    if self.batching not in BATCHING_METHODS:
+        raise ValueError(f"unknown batching {self.batching!r}; choose one of {BATCHING_METHODS}")
+    if self.loss_per not in LOSS_NORMALISATIONS:
+        raise ValueError(f"unknown loss_per {self.loss_per!r}; choose one of {LOSS_NORMALISATIONS}")
+    varlen = self.batching != "fixed"
+    longest = get_model(self.model, self.model_options).seq_len
+    if (varlen or self.micro_batches_at) and longest is None:
+        raise ValueError(f"batching={self.batching!r} and micro_batches_at need a language model preset "
+                         f"('gpt', 'gpt-large'), not {self.model!r}")
+    if self.lengths is not None:
+        if not varlen:
+            raise ValueError("lengths only apply to variable-length batching: set batching='pad-to-max', "
+                             "'sorted' or 'token-budget'")
+        if not is_sequence(self.lengths) or not self.lengths:
+            raise ValueError(f"lengths must be a non-empty list of sample lengths, got {self.lengths!r}")
+        for length in self.lengths:
+            count("lengths[...]", length)
+            if length > longest:
+                raise ValueError(f"a sample length {length} exceeds the model's seq_len {longest}; use "
+                                 f"lengths <= {longest} or model_options={{'seq_len': ...}}")
+    if varlen and self.seq_len_at:
+        raise ValueError("seq_len_at shortens fixed-length samples; variable-length batching draws each "
+                         "sample's length itself: drop one of them")
+    if self.batching == "token-budget":
+        if self.token_budget is None:
+            raise ValueError("batching='token-budget' needs token_budget=..., the most padded tokens a "
+                             "micro-batch may hold")
+        count("token_budget", self.token_budget)
+        needed = max(self.lengths) if self.lengths else longest
+        if self.token_budget < needed:
+            raise ValueError(f"token_budget={self.token_budget} is smaller than the longest sample "
+                             f"({needed} tokens{'' if self.lengths else ', the model seq_len the default lengths reach'}): "
+                             f"no micro-batch could hold it; use token_budget >= {needed}")
+        if self.micro_batches_at:
+            raise ValueError("token-budget batching chooses the micro-batch count itself: drop micro_batches_at")
+    elif self.token_budget is not None:
+        raise ValueError("token_budget only applies to batching='token-budget'")
+    samples = self.micro_batch_size * self.micro_batches
+    for step, m in self.micro_batches_at.items():
+        step_in_run("micro_batches_at", step, self.steps)
+        count(f"micro_batches_at[{step}]", m)
+        if samples % m:
+            raise ValueError(f"micro_batches_at[{step}]={m} does not divide the {samples} samples of a "
+                             f"step (micro_batch_size × micro_batches): use a divisor of {samples}")
+
+
+def is_sequence(value) -> bool:
+    return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__iter__")
+
+
+def step_in_run(name: str, step, steps: int, *, first: int = 0, why: str = "") -> None:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"{name}: steps must be integers, got {step!r}")
+    if not first <= step < steps:
+        raise ValueError(f"{name}: step {step} is outside {first}..{steps - 1} (the job trains steps=" +
+                         f"{steps}){'; ' + why if why else ''}")
+
+
+def count(name: str, value, *, minimum: int = 1) -> None:
+    """An integer field: no floats (2.0 would reach DeepSpeed as a float), no booleans."""
+    if isinstance(value, float):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    validation.count(name, value, minimum=minimum)

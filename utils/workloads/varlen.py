@@ -1,0 +1,136 @@
+"""Variable-length samples for the gpt presets, batched into micro-batches by a plan.
+
+Real language-model batches hold sequences of very different lengths. Here every sample has
+its own length, drawn from a long-tailed distribution by default: log-normal with its median
+at an eighth of the model's ``seq_len`` and sigma 1.0, clipped to [4, seq_len]. Log-normal
+because document and conversation lengths in real corpora are close to it (most short, a
+few near the context limit: the shape DynaPipe's FLAN and ShareGPT workloads have), which is
+what makes padding to the longest wasteful. A list of lengths may be given instead (it is
+cycled through).
+
+A step's samples depend only on (seed, replica, step), so every rank that loads data — the
+first stage (inputs) and the last (labels) — and every stage that needs the micro-batch count
+computes the same plan without talking to the others, and a restarted job resumes exactly.
+
+Padding is on the right and attention is causal, so a real token never attends to a pad; the
+labels of pads are -100 (ignored). The loss is normalised by the real tokens of the replica's
+whole batch (`loss_per="token"`): each micro-batch's loss is ``sum of its token losses × m /
+N`` (m micro-batches, N real tokens in the step), and DeepSpeed's 1/m scaling of each
+micro-batch's backward then gives the gradient of the per-token mean — the same for every
+batching method on the same samples. ``loss_per="micro-batch"`` averages inside each
+micro-batch instead (what naive code does): its gradient depends on how the samples were cut.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from utils.planning.microbatching import MicroBatchCost, MicroBatchPlan, plan_micro_batches
+
+PAD_LABEL = -100
+MIN_LENGTH = 4
+
+
+def sample_lengths(count: int, *, seq_len: int, generator: torch.Generator,
+                   lengths: Sequence[int] | None = None, start: int = 0) -> list[int]:
+    """`count` sample lengths: the long-tailed default, or the given `lengths` cycled from
+    position `start`."""
+    if lengths:
+        return [int(lengths[(start + i) % len(lengths)]) for i in range(count)]
+    lowest = min(MIN_LENGTH, seq_len)
+    median = math.log(max(seq_len / 8, lowest))
+    drawn = torch.empty(count, dtype=torch.float64).log_normal_(median, 1.0, generator=generator)
+    return [int(min(seq_len, max(lowest, round(x)))) for x in drawn.tolist()]
+
+
+class VarlenBatches:
+    """The micro-batches of variable-length samples one replica trains on, step by step.
+
+    `begin_step(step)` draws the step's samples and plans its micro-batches (returns their
+    count); iterating yields ``(inputs, (labels, scale))`` for each in turn.
+    """
+
+    def __init__(self, *, vocab: int, seq_len: int, seed: int, replica: int, samples: int, micro_batches: int,
+                 method: str, num_stages: int, cost: MicroBatchCost | None, token_budget: int | None,
+                 lengths: Sequence[int] | None = None, loss_per: str = "token", active: int = 256):
+        self.vocab, self.seq_len, self.seed, self.replica = vocab, seq_len, seed, replica
+        self.samples, self.micro_batches, self.method = samples, micro_batches, method
+        self.num_stages, self.cost, self.token_budget = num_stages, cost, token_budget
+        self.lengths, self.loss_per, self.active = lengths, loss_per, min(active, vocab)
+        self.step = -1
+        self.plan: MicroBatchPlan | None = None
+        self.real_tokens = 0
+        self._queue: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
+        self.tokens = seq_len  # the attribute a curriculum sets; not used with variable lengths
+
+    def draw(self, step: int) -> tuple[list[int], torch.Tensor]:
+        """The step's sample lengths and tokens (each sample one row, its length + 1 long)."""
+        generator = torch.Generator().manual_seed((self.seed * 1000 + self.replica) * 100_003 + step)
+        lengths = sample_lengths(self.samples, seq_len=self.seq_len, generator=generator, lengths=self.lengths,
+                                 start=step * self.samples)
+        start = torch.randint(0, self.active, (self.samples, 1), generator=generator)
+        stride = torch.randint(1, 5, (self.samples, 1), generator=generator)
+        tokens = (start + stride * torch.arange(self.seq_len + 1)) % self.active
+        return lengths, tokens
+
+    def begin_step(self, step: int) -> int:
+        lengths, tokens = self.draw(step)
+        plan = plan_micro_batches(lengths, method=self.method, micro_batches=self.micro_batches,
+                                  num_stages=self.num_stages, cost=self.cost, token_budget=self.token_budget)
+        self.step, self.plan, self.real_tokens = step, plan, sum(lengths)
+        m = plan.micro_batches
+        self._queue = []
+        for group, padded in zip(plan.groups, plan.padded):
+            inputs = torch.zeros(len(group), padded, dtype=torch.long)
+            labels = torch.full((len(group), padded), PAD_LABEL, dtype=torch.long)
+            for row, sample in enumerate(group):
+                length = lengths[sample]
+                inputs[row, :length] = tokens[sample, :length]
+                labels[row, :length] = tokens[sample, 1:length + 1]
+            real = sum(lengths[s] for s in group)
+            scale = m / self.real_tokens if self.loss_per == "token" else 1.0 / real
+            self._queue.append((inputs, (labels, torch.tensor(scale, dtype=torch.float32))))
+        self._queue.reverse()
+        return m
+
+    def __iter__(self) -> VarlenBatches:
+        return self
+
+    def __next__(self):
+        if not self._queue:
+            raise RuntimeError(f"step {self.step} asked for more micro-batches than its plan has "
+                               f"({self.plan.micro_batches if self.plan else 0}); begin_step was not called?")
+        return self._queue.pop()
+
+    def state(self) -> dict:
+        return {"step": self.step}  # every step's samples follow from (seed, replica, step)
+
+    def restore(self, state: dict) -> None:
+        pass
+
+
+OVERHEAD_TOKENS = 256
+"""What a micro-batch costs a stage whatever its size, in tokens of compute: DeepSpeed's
+instructions around it, the send and the receive. Measured on the 2-core CPU VM with the gpt
+preset (`benchmarks/dynamic_microbatch.py` prints the fit); it is what keeps a token-budget
+plan from cutting a batch into many tiny micro-batches."""
+
+
+def default_cost(model) -> MicroBatchCost:
+    """A cost model in token units for a gpt preset: linear in tokens (the projections and
+    MLP: 24 h^2 flops per token per block) plus attention (4 L h per token), plus the fixed
+    `OVERHEAD_TOKENS` per micro-batch. Only ratios matter to the plan."""
+    hidden = model.options["hidden"]
+    return MicroBatchCost(overhead=float(OVERHEAD_TOKENS), per_token=1.0, per_token_pair=4.0 / (24.0 * hidden))
+
+
+def batches_for(spec, model, *, replica: int) -> VarlenBatches:
+    """The variable-length (or re-cut) micro-batches `spec` trains on, for one replica."""
+    return VarlenBatches(vocab=model.options["vocab"], seq_len=model.seq_len, seed=spec.seed, replica=replica,
+                         samples=spec.micro_batch_size * spec.micro_batches, micro_batches=spec.micro_batches,
+                         method=spec.batching, num_stages=spec.num_stages, cost=default_cost(model),
+                         token_budget=spec.token_budget, loss_per=spec.loss_per,
+                         lengths=spec.lengths if spec.batching != "fixed" else (model.seq_len,))
