@@ -63,3 +63,25 @@ def test_a_warm_up_adds_deepspeeds_scheduler():
     scheduler = deepspeed_config(JobSpec(lr_warmup_steps=5, lr=1e-3))["scheduler"]
     assert scheduler["type"] == "WarmupLR"
     assert scheduler["params"]["warmup_num_steps"] == 5 and scheduler["params"]["warmup_max_lr"] == 1e-3
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"batching": "token-budget", "token_budget": 32}, r"token_budget=32 is smaller than the longest sample \(64"),
+    ({"batching": "token-budget", "lengths": [8, 40], "token_budget": 32}, r"smaller than the longest sample \(40"),
+    ({"batching": "token-budget"}, r"needs token_budget"),
+    ({"batching": "sorted", "lengths": [8, 65]}, r"a sample length 65 exceeds the model's seq_len 64"),
+    ({"batching": "sorted", "lengths": []}, r"lengths must be a non-empty list"),
+    ({"batching": "sorted", "lengths": [0, 8]}, r"lengths"),
+    ({"lengths": [8]}, r"lengths only apply to variable-length batching"),
+    ({"batching": "bucketed"}, r"unknown batching 'bucketed'"),
+    ({"batching": "sorted", "model": "mlp"}, r"need a language model preset"),
+    ({"micro_batches_at": {2: 3}}, r"micro_batches_at\[2\]=3 does not divide the 16 samples"),
+    ({"micro_batches_at": {9: 2}}, r"micro_batches_at: step 9 is outside"),
+    ({"batching": "token-budget", "token_budget": 128, "micro_batches_at": {2: 2}}, r"drop micro_batches_at"),
+    ({"token_budget": 128}, r"token_budget only applies"),
+    ({"loss_per": "sample"}, r"unknown loss_per 'sample'"),
+    ({"batching": "sorted", "seq_len_at": {1: 16}}, r"drop one of them"),
+])
+def test_bad_batching_is_explained_before_launch(fields, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        JobSpec(**{**BASE, "micro_batches": 4, "micro_batch_size": 4, **fields}).check()

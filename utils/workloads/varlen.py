@@ -54,7 +54,7 @@ class VarlenBatches:
     """
 
     def __init__(self, *, vocab: int, seq_len: int, seed: int, replica: int, samples: int, micro_batches: int,
-                 method: str, num_stages: int, cost: MicroBatchCost | None, token_budget: int | None,
+                 method: str, num_stages: int, cost: MicroBatchCost | None, token_budget: int | None = None,
                  lengths: Sequence[int] | None = None, loss_per: str = "token", active: int = 256):
         self.vocab, self.seq_len, self.seed, self.replica = vocab, seq_len, seed, replica
         self.samples, self.micro_batches, self.method = samples, micro_batches, method

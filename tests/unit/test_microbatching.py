@@ -1,0 +1,97 @@
+"""Micro-batch plans for variable-length samples (`utils.planning.microbatching`) and the
+batches built from them (`utils.workloads.varlen`), without processes."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from utils.planning.microbatching import MicroBatchCost, plan_micro_batches
+from utils.workloads.models import get_model, lm_loss
+from utils.workloads.varlen import VarlenBatches, default_cost, sample_lengths
+
+COST = MicroBatchCost(overhead=40.0, per_token=1.0, per_token_pair=0.01)
+
+
+def _brute_force(lengths, budget, p):
+    """Best predicted step over every contiguous grouping of the sorted samples."""
+    ordered = sorted(lengths)
+    n, best = len(ordered), float("inf")
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [n]
+        groups = [ordered[a:b] for a, b in zip(bounds, bounds[1:])]
+        if any(len(g) * g[-1] > budget for g in groups):
+            continue
+        costs = [COST(len(g), g[-1]) for g in groups]
+        best = min(best, sum(costs) + (p - 1) * max(costs))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_token_budget_plan_is_the_exact_optimum(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([4, 8, 16, 32, 64]) for _ in range(rng.randint(2, 11))]
+    budget, p = max(lengths) * rng.randint(1, 4), rng.randint(1, 4)
+    plan = plan_micro_batches(lengths, method="token-budget", micro_batches=1, num_stages=p, cost=COST,
+                              token_budget=budget)
+    assert sorted(i for g in plan.groups for i in g) == list(range(len(lengths)))  # every sample once
+    assert all(len(g) * pad <= budget for g, pad in zip(plan.groups, plan.padded))
+    assert all(pad == max(lengths[i] for i in g) for g, pad in zip(plan.groups, plan.padded))
+    assert plan.predicted_step(COST, p) == pytest.approx(_brute_force(lengths, budget, p))
+
+
+def test_the_three_methods_pad_differently():
+    lengths = [60, 4, 6, 50, 8, 5, 64, 7]
+    naive = plan_micro_batches(lengths, method="pad-to-max", micro_batches=2, num_stages=2)
+    ordered = plan_micro_batches(lengths, method="sorted", micro_batches=2, num_stages=2)
+    budget = plan_micro_batches(lengths, method="token-budget", micro_batches=2, num_stages=2, cost=COST,
+                                token_budget=128)
+    assert naive.groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and naive.padded == (64, 64)
+    assert ordered.padded == (7, 64) and naive.padded_tokens() == 512 and ordered.padded_tokens() == 284
+    assert budget.padded_tokens() <= ordered.padded_tokens()
+    assert budget.predicted_step(COST, 2) <= ordered.predicted_step(COST, 2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lengths": [], "method": "sorted"}, "an empty batch"),
+    ({"lengths": [8, 40], "method": "token-budget", "token_budget": 32}, r"token_budget=32 is smaller than the longest"),
+    ({"lengths": [8, 8, 8], "method": "sorted"}, "do not split into 2 micro-batches"),
+    ({"lengths": [8], "method": "bucketed"}, "unknown batching 'bucketed'"),
+])
+def test_bad_plans_are_explained(kwargs, message):
+    lengths = kwargs.pop("lengths")
+    with pytest.raises(ValueError, match=message):
+        plan_micro_batches(lengths, micro_batches=2, num_stages=2, cost=COST, **kwargs)
+
+
+def test_long_tailed_lengths_stay_in_range_and_are_mostly_short():
+    lengths = sample_lengths(4000, seq_len=256, generator=torch.Generator().manual_seed(0))
+    assert min(lengths) >= 4 and max(lengths) == 256
+    median = sorted(lengths)[len(lengths) // 2]
+    assert 24 <= median <= 40  # an eighth of seq_len
+    assert sum(x > 128 for x in lengths) / len(lengths) > 0.02  # a real tail
+
+
+def test_every_cut_of_the_same_samples_gives_the_same_per_token_loss():
+    """The loss a step reports (the mean of the micro-batch losses DeepSpeed averages) is
+    the mean over real tokens, however the samples are cut; per micro-batch it is not."""
+    model = get_model("gpt", {"vocab": 64, "seq_len": 32, "hidden": 32, "heads": 4})
+    torch.manual_seed(0)
+    logits_of = torch.nn.Linear(1, 64)
+
+    def step_loss(method, loss_per="token", **extra):
+        data = VarlenBatches(vocab=64, seq_len=32, seed=5, replica=0, samples=8, micro_batches=2, method=method,
+                             num_stages=2, cost=default_cost(model), loss_per=loss_per, **extra)
+        m = data.begin_step(3)
+        losses = []
+        for _ in range(m):
+            inputs, labels = next(data)
+            logits = logits_of(inputs.unsqueeze(-1).float())  # a stand-in model, per token
+            losses.append(float(lm_loss(logits, labels)))
+        return sum(losses) / m
+
+    reference = step_loss("pad-to-max")
+    assert step_loss("sorted") == pytest.approx(reference, rel=1e-6)
+    assert step_loss("token-budget", token_budget=64) == pytest.approx(reference, rel=1e-6)
+    assert step_loss("sorted", loss_per="micro-batch") != pytest.approx(reference, rel=1e-3)
