@@ -88,10 +88,31 @@ def test_every_cut_of_the_same_samples_gives_the_same_per_token_loss():
         for _ in range(m):
             inputs, labels = next(data)
             logits = logits_of(inputs.unsqueeze(-1).float())  # a stand-in model, per token
-            losses.append(float(lm_loss(logits, labels)))
+            losses.append(float(lm_loss(logits, labels).detach()))
         return sum(losses) / m
 
     reference = step_loss("pad-to-max")
     assert step_loss("sorted") == pytest.approx(reference, rel=1e-6)
     assert step_loss("token-budget", token_budget=64) == pytest.approx(reference, rel=1e-6)
     assert step_loss("sorted", loss_per="micro-batch") != pytest.approx(reference, rel=1e-3)
+
+
+def test_metrics_and_timeline_show_each_micro_batchs_tokens():
+    from tests.helpers import schedule_events
+    from utils import compute_metrics, plot_timeline
+    from utils.timeline import Timeline
+
+    planned = [(4, 100, 128), (2, 200, 256), (6, 60, 64)]  # (samples, real, padded)
+    events = schedule_events(2, 3, f=0.01, b=0.02, step=1)
+    timeline = Timeline(events=tuple(events), num_stages=2, num_micro_batches=4, source="measured",
+                        micro_batch_size=4, seq_len=64, meta={"micro_batch_tokens": {"1": planned}})
+    m = compute_metrics(timeline, 1)
+    assert m.num_micro_batches == 3
+    assert m.padding_waste == pytest.approx(1 - 360 / 448)
+    assert m.tokens_per_s == pytest.approx(360 / m.step_time)  # real tokens, not samples × seq_len
+    fig = plot_timeline(timeline, 1, lang="en")
+    forward = next(t for t in fig.data if t.meta == "forward")
+    notes = {row[1]: row[8] for row in forward.customdata}
+    assert "2 samples · 200 real / 256 computed tokens" in notes[1]
+    widths = dict(zip([row[1] for row in forward.customdata], forward.width))
+    assert widths[1] > widths[0] > widths[2]  # thickness follows computed tokens

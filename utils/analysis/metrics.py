@@ -95,6 +95,9 @@ class Metrics:
     and GPipe, the last stage) to the makespan end."""
     rank_compute: tuple[tuple[int, int, float], ...] = ()
     """``(stage, rank, compute)`` for every rank with events in this step."""
+    padding_waste: float | None = None
+    """Variable-length micro-batches (``timeline.meta["micro_batch_tokens"]``): the share of
+    the tokens computed that were padding; None when every sample has the full length."""
 
     # --- derived views ------------------------------------------------------------------------
     @property
@@ -249,10 +252,16 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
     samples = timeline.micro_batch_size * timeline.num_micro_batches * timeline.data_parallel
     samples_per_s = samples / step_time
     tokens_per_s = samples_per_s * timeline.seq_len if timeline.seq_len else None
+    padding_waste = None
+    planned = micro_batch_tokens(timeline, step)
+    if planned:  # variable lengths: count real tokens (one replica's plan, every replica alike)
+        samples_per_s = sum(n for n, _, _ in planned) * timeline.data_parallel / step_time
+        tokens_per_s = sum(real for _, real, _ in planned) * timeline.data_parallel / step_time
+        padding_waste = 1.0 - sum(real for _, real, _ in planned) / sum(padded for _, _, padded in planned)
 
     return Metrics(
         step=step, source=timeline.source, num_stages=num_stages,
-        num_micro_batches=timeline.num_micro_batches, start=start, makespan=makespan,
+        num_micro_batches=len(planned) if planned else timeline.num_micro_batches, start=start, makespan=makespan,
         step_time=step_time,
         bubble_ratio=1.0 - total_compute / (num_stages * makespan),
         stage_compute=tuple(stage_compute), stage_comm=tuple(stage_comm),
@@ -263,4 +272,12 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
         samples_per_s=samples_per_s, tokens_per_s=tokens_per_s,
         warmup=warm_end - start, steady=cool_start - warm_end, cooldown=end - cool_start,
         rank_compute=tuple(sorted((s, r, v[0]) for (s, r), v in per_rank.items())),
+        padding_waste=padding_waste,
     )
+
+
+def micro_batch_tokens(timeline: Timeline, step: int) -> list | None:
+    """``(samples, real, padded)`` per micro-batch of `step`, when the timeline has them (the
+    keys are steps, or their strings after a JSON round trip)."""
+    table = timeline.meta.get("micro_batch_tokens") or {}
+    return table.get(step) or table.get(str(step))

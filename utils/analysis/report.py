@@ -29,7 +29,8 @@ SCALARS: dict[str, str] = {
     "makespan": "first compute start to last compute end",
     "step_time": "whole step, including load, reduce and optimizer step",
     "samples_per_s": "samples per second over the whole step, all replicas",
-    "tokens_per_s": "tokens per second (samples/s × sequence length)",
+    "tokens_per_s": "tokens per second (samples/s × sequence length; real tokens with variable lengths)",
+    "padding_waste": "share of the computed tokens that were padding (variable lengths)",
     "imbalance": "largest stage compute / mean stage compute",
     "comm_share": "exposed send/recv time / (stages × makespan)",
     "warmup": "fill: until every stage has started computing",
@@ -37,7 +38,7 @@ SCALARS: dict[str, str] = {
     "cooldown": "drain: after the first stage has finished all its compute",
 }
 _TIME_SCALARS = {"makespan", "step_time", "warmup", "steady", "cooldown"}
-_SHARE_SCALARS = {"bubble_ratio", "comm_share"}
+_SHARE_SCALARS = {"bubble_ratio", "comm_share", "padding_waste"}
 _STAGE_COLUMNS = ("stage", "compute_ms", "comm_ms", "idle_ms", "utilisation")
 
 

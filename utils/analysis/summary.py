@@ -111,6 +111,7 @@ class MetricsSummary:
     step_time = property(lambda self: self._median("step_time"))
     samples_per_s = property(lambda self: self._median("samples_per_s"))
     tokens_per_s = property(lambda self: self._median("tokens_per_s"))
+    padding_waste = property(lambda self: self._median("padding_waste"))
     imbalance = property(lambda self: self._median("imbalance"))
     comm_share = property(lambda self: self._median("comm_share"))
     warmup = property(lambda self: self._median("warmup"))

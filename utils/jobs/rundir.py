@@ -12,6 +12,8 @@ One class owns every file name, so no other module spells one out. Layout of
 - ``rebalance.jsonl``           every decision of a job's re-balancing policy, one per line
                                 (`utils.planning.rebalance.Decision`: the costs it saw, the
                                 prediction, move or not and why)
+- ``micro-batches.jsonl``       variable micro-batching: per step, each micro-batch's samples,
+                                real tokens and padded tokens (written by rank 0)
 - ``checkpoints/``              restart mode: the checkpoint a restart resumes from, and
                                 ``restart.json`` (from which step, at which boundaries)
 - ``command.txt``               the command that runs the job by hand
@@ -80,7 +82,7 @@ class RunDir:
     """File names and reading/writing of one run directory (see the module docstring)."""
 
     SPEC, PLAN, PARTITIONS, DECISIONS = "spec.json", "plan.json", "partitions.jsonl", "rebalance.jsonl"
-    CHECKPOINTS, RESTART = "checkpoints", "restart.json"
+    CHECKPOINTS, RESTART, MICRO_BATCHES = "checkpoints", "restart.json", "micro-batches.jsonl"
     COMMAND, STATUS, LAUNCHER_LOG = "command.txt", "status.json", "launcher.log"
     LAUNCH_TOKEN, TEMP = "launch-token", "tmp"
 
@@ -186,6 +188,14 @@ class RunDir:
         """Append one re-balancing decision (written by rank 0 while the job runs)."""
         with open(self.file(self.DECISIONS), "a", encoding="utf-8") as f:
             f.write(json.dumps(decision) + "\n")
+
+    def record_micro_batches(self, row: dict) -> None:
+        """Append one step's micro-batch plan (``step``, ``samples``, ``real``, ``padded``)."""
+        with open(self.file(self.MICRO_BATCHES), "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def micro_batches(self) -> list[dict]:
+        return read_jsonl(self.file(self.MICRO_BATCHES))
 
     def decisions(self) -> list[dict]:
         return read_jsonl(self.file(self.DECISIONS))

@@ -89,6 +89,7 @@ class Run:
                         label=spec.name or self.name,
                         meta={"schedule": spec.schedule, "parts": self.parts, "run": str(self.path),
                               "partitions": [(c.step, list(c.boundaries)) for c in self.partitions],
+                              **({"micro_batch_tokens": self.micro_batch_tokens} if self.micro_batch_tokens else {}),
                               "device": self.device})
 
     def progress(self, rank: int = 0) -> list[dict]:
@@ -134,6 +135,13 @@ class Run:
         """``[(step, boundaries), ...]`` from ``(0, initial)`` on: the boundaries in force from
         each step until the next entry (forced moves, policy moves and restarts alike)."""
         return [(change.step, list(change.boundaries)) for change in self.partitions]
+
+    @cached_property
+    def micro_batch_tokens(self) -> dict[int, list[tuple[int, int, int]]]:
+        """Variable micro-batching: per step, each micro-batch's ``(samples, real tokens,
+        padded tokens)`` (one replica's plan); empty for fixed micro-batches."""
+        return {row["step"]: list(zip(row["samples"], row["real"], row["padded"]))
+                for row in self.run_dir.micro_batches()}
 
     @cached_property
     def rebalance_decisions(self) -> list[Decision]:

@@ -69,6 +69,12 @@ class MicroBatching:
         changes = [m for at, m in sorted(spec.micro_batches_at.items()) if at <= step]
         state.data.micro_batches = changes[-1] if changes else spec.micro_batches
         count = state.data.begin_step(step)
+        if state.rank == 0:
+            plan, lengths = state.data.plan, state.data.step_lengths
+            state.run_dir.record_micro_batches({
+                "step": step, "samples": [len(g) for g in plan.groups],
+                "real": [sum(lengths[i] for i in g) for g in plan.groups],
+                "padded": [len(g) * padded for g, padded in zip(plan.groups, plan.padded)]})
         if count != state.engine.micro_batches:
             state.engine.set_train_batch_size(count * spec.micro_batch_size * spec.data_parallel)
 

@@ -105,7 +105,8 @@ TEXTS: dict[str, dict[str, str]] = {
         "hover.bar": ("<b>%{{customdata[0]}}</b> micro-batch %{{customdata[1]}}<br>"
                       "stage %{{customdata[5]}} · rank %{{customdata[6]}} · chunk %{{customdata[7]}}<br>"
                       "start %{{customdata[2]:.3f}} ms · end %{{customdata[3]:.3f}} ms<br>"
-                      "duration %{{customdata[4]:.3f}} ms<extra></extra>"),
+                      "duration %{{customdata[4]:.3f}} ms%{{customdata[8]}}<extra></extra>"),
+        "hover.tokens": "<br>{samples} samples · {real} real / {padded} computed tokens",
         "tiny": "too short to see at this scale (hover or zoom in): {kinds}",
         "summary.head": "{label} ({source}, step {step})",
         "summary.line": "{head}: bubble {bubble} · makespan {makespan} ms · {samples} samples/s",
@@ -196,7 +197,8 @@ TEXTS: dict[str, dict[str, str]] = {
         "hover.bar": ("<b>%{{customdata[0]}}</b> 微批 %{{customdata[1]}}<br>"
                       "阶段 %{{customdata[5]}} · rank %{{customdata[6]}} · chunk %{{customdata[7]}}<br>"
                       "开始 %{{customdata[2]:.3f}} ms · 结束 %{{customdata[3]:.3f}} ms<br>"
-                      "时长 %{{customdata[4]:.3f}} ms<extra></extra>"),
+                      "时长 %{{customdata[4]:.3f}} ms%{{customdata[8]}}<extra></extra>"),
+        "hover.tokens": "<br>{samples} 个样本 · 真实 {real} / 计算 {padded} 个 token",
         "tiny": "在这个比例下太短、看不见（悬停或放大查看）：{kinds}",
         "summary.head": "{label}（{source}，step {step}）",
         "summary.line": "{head}：气泡率 {bubble} · 流水线总时长 {makespan} ms · {samples} samples/s",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from utils.analysis.metrics import Metrics, compute_metrics
+from utils.analysis.metrics import Metrics, compute_metrics, micro_batch_tokens
 from utils.analysis.steps import steady_steps
 from utils.analysis.summary import MetricsSummary
 from utils.timeline import COMM_KINDS, COMPUTE_KINDS, KINDS, Event, Timeline
@@ -136,6 +136,21 @@ def _add_timeline_traces(fig: go.Figure, timeline: Timeline, step: int, *,
     span = max((e.end for e in shown), default=origin) - min((e.start for e in shown), default=origin)
     labels, row_of = _row_labels(timeline, lang)
     where = {} if row is None else {"row": row, "col": col}
+    planned = micro_batch_tokens(timeline, step) or []  # variable-length micro-batches
+
+    def tokens_note(e: Event) -> str:
+        if e.micro_batch is None or e.micro_batch >= len(planned):
+            return ""
+        samples, real, padded = planned[e.micro_batch]
+        return text("hover.tokens", lang, samples=samples, real=real, padded=padded)
+
+    def thickness(e: Event, full: float) -> float:
+        """With variable micro-batches a compute bar is as thick as its share of the step's
+        largest micro-batch (computed tokens), so a glance shows which ones were big."""
+        if not planned or e.micro_batch is None or e.micro_batch >= len(planned):
+            return full
+        largest = max(p for _, _, p in planned)
+        return full * max(0.25, planned[e.micro_batch][2] / largest)
     for kind in [k for k in KINDS if k in wanted]:
         evs = [e for e in events if e.kind == kind]
         if not evs:
@@ -152,7 +167,8 @@ def _add_timeline_traces(fig: go.Figure, timeline: Timeline, step: int, *,
             y=[row_of(e) for e in evs],
             x=[e.duration * 1e3 for e in evs],
             base=[(e.start - origin) * 1e3 for e in evs],
-            width=_THIN_BAR_WIDTH if kind in COMM_KINDS else _BAR_WIDTH,
+            width=_THIN_BAR_WIDTH if kind in COMM_KINDS else
+            [thickness(e, _BAR_WIDTH) if is_compute else _BAR_WIDTH for e in evs],
             marker={"color": KIND_COLORS.get(kind, _FALLBACK_COLOR),
                     # second model chunk of interleaved schedules drawn lighter
                     "opacity": [1.0 if e.chunk % 2 == 0 else 0.6 for e in evs],
@@ -162,7 +178,7 @@ def _add_timeline_traces(fig: go.Figure, timeline: Timeline, step: int, *,
             insidetextanchor="middle", textangle=0,
             customdata=[[kind_label(kind, lang), "–" if e.micro_batch is None else e.micro_batch,
                          (e.start - origin) * 1e3, (e.end - origin) * 1e3, e.duration * 1e3,
-                         e.stage, e.rank, e.chunk] for e in evs],
+                         e.stage, e.rank, e.chunk, tokens_note(e)] for e in evs],
             hovertemplate=text("hover.bar", lang),
         ), **where)
         if visible:

@@ -27,7 +27,7 @@ METRIC_NAMES: dict[str, str] = {
     "bubble_ratio": "气泡率", "makespan": "流水线总时长", "step_time": "整步时间",
     "samples_per_s": "吞吐", "tokens_per_s": "吞吐", "slowest_stage": "最慢阶段",
     "imbalance": "不均衡度", "comm_share": "通信占比", "warmup": "预热", "steady": "稳态",
-    "cooldown": "冷却",
+    "cooldown": "冷却", "padding_waste": "填充浪费",
 }
 #: Chinese meanings, one per metric analysis explains.
 METRIC_MEANINGS: dict[str, str] = {
@@ -35,7 +35,8 @@ METRIC_MEANINGS: dict[str, str] = {
     "makespan": "从第一个计算开始到最后一个计算结束",
     "step_time": "整步时间，含加载、归约和优化器步",
     "samples_per_s": "整步的每秒样本数（所有副本）",
-    "tokens_per_s": "每秒 token 数（samples/s × 序列长度）",
+    "tokens_per_s": "每秒 token 数（samples/s × 序列长度；变长样本时只计真实 token）",
+    "padding_waste": "计算的 token 里填充所占的比例（变长样本）",
     "slowest_stage": "计算时间最多的阶段：它定节拍",
     "imbalance": "最大阶段计算时间 / 平均阶段计算时间",
     "comm_share": "暴露的 send/recv 时间 / (阶段数 × 流水线总时长)",

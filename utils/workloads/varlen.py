@@ -63,6 +63,7 @@ class VarlenBatches:
         self.step = -1
         self.plan: MicroBatchPlan | None = None
         self.real_tokens = 0
+        self.step_lengths: list[int] = []
         self._queue: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
         self.tokens = seq_len  # the attribute a curriculum sets; not used with variable lengths
 
@@ -80,7 +81,7 @@ class VarlenBatches:
         lengths, tokens = self.draw(step)
         plan = plan_micro_batches(lengths, method=self.method, micro_batches=self.micro_batches,
                                   num_stages=self.num_stages, cost=self.cost, token_budget=self.token_budget)
-        self.step, self.plan, self.real_tokens = step, plan, sum(lengths)
+        self.step, self.plan, self.real_tokens, self.step_lengths = step, plan, sum(lengths), lengths
         m = plan.micro_batches
         self._queue = []
         for group, padded in zip(plan.groups, plan.padded):
