@@ -27,7 +27,7 @@ FROZEN = {
     "measured_stage_costs", "predict_from_timeline", "search_micro_batches", "fastest_within_memory",
     "confirm_top",
     # 6. The dynamic half
-    "Rebalance", "Decision", "LayerCosts", "decide",
+    "Rebalance", "Decision", "LayerCosts", "decide", "plan_micro_batches", "MicroBatchCost", "MicroBatchPlan",
     # 7. Pictures and widgets
     "plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory",
     "plot_partition_history",

@@ -116,3 +116,28 @@ def test_metrics_and_timeline_show_each_micro_batchs_tokens():
     assert "2 samples · 200 real / 256 computed tokens" in notes[1]
     widths = dict(zip([row[1] for row in forward.customdata], forward.width))
     assert widths[1] > widths[0] > widths[2]  # thickness follows computed tokens
+
+
+def test_micro_batch_order_changes_the_fill_and_drain_not_the_samples():
+    """When stages scale differently with length (attention-heavy blocks on stage 0, the
+    head on stage 1), where the big micro-batch sits changes the step: in the middle it hides
+    inside the steady state, first or last it is paid in the fill or the drain."""
+    from utils import build_schedule, simulate
+    from utils.planning.microbatching import MicroBatchPlan, reorder
+
+    stage_cost = ({"big": 60.0, "small": 10.0}, {"big": 20.0, "small": 25.0})
+
+    def makespan(kinds):
+        f = [[c[k] / 3 for k in kinds] for c in stage_cost]
+        b = [[2 * c[k] / 3 for k in kinds] for c in stage_cost]
+        return max(e.end for e in simulate(build_schedule("1f1b", 2, len(kinds)), f, b).events)
+
+    assert makespan(["big"] + ["small"] * 4) == pytest.approx(165.0)
+    assert makespan(["small", "small", "big", "small", "small"]) == pytest.approx(150.0)
+    plan = MicroBatchPlan(groups=((0, 1), (2,), (3, 4, 5)), padded=(8, 64, 4))
+    first = reorder(plan, "longest-first", cost=COST)
+    assert first.padded == (64, 8, 4) and sorted(first.groups) == sorted(plan.groups)
+    assert reorder(plan, "shortest-first", cost=COST).padded == (4, 8, 64)
+    assert reorder(plan, "random", cost=COST, seed=1) == reorder(plan, "random", cost=COST, seed=1)
+    with pytest.raises(ValueError, match="unknown micro-batch order"):
+        reorder(plan, "middle-first", cost=COST)

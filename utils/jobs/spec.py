@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 from utils import validation
 from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, RepartitionMode, check_batching, check_dynamic,
                                     count as _count, is_sequence as _is_sequence)
-from utils.planning.microbatching import Batching
+from utils.planning.microbatching import Batching, MicroBatchOrder
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
 from utils.timeline import INSTRUCTION_KINDS, InstructionKind
@@ -144,6 +144,10 @@ class JobSpec:
     """``"token"``: the loss is the mean over the real tokens of the whole batch, whatever the
     micro-batches; ``"micro-batch"``: the mean inside each micro-batch, averaged (the naive
     way, whose gradient depends on the cut; there to compare)."""
+    micro_batch_order: MicroBatchOrder = "as-planned"
+    """Variable-length batching: the order a step's micro-batches run in (``"as-planned"``,
+    ``"longest-first"``, ``"shortest-first"``, ``"random"``; see
+    `utils.planning.microbatching.reorder`): the same gradient, another fill and drain."""
     micro_batches_at: Mapping[int, int] = field(default_factory=dict)
     """``{step: m}``: from `step` on, cut the same global batch into `m` micro-batches (each
     of micro_batch_size × micro_batches / m samples)."""

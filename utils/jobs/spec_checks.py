@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Literal, get_args
 
 from utils import validation
-from utils.planning.microbatching import BATCHING_METHODS
+from utils.planning.microbatching import BATCHING_METHODS, MICRO_BATCH_ORDERS
 from utils.planning.rebalance import Rebalance
 from utils.workloads.models import get_model
 
@@ -80,6 +80,10 @@ def check_batching(self) -> None:  # self: the JobSpec
     if self.loss_per not in LOSS_NORMALISATIONS:
         raise ValueError(f"unknown loss_per {self.loss_per!r}; choose one of {LOSS_NORMALISATIONS}")
     varlen = self.batching != "fixed"
+    if self.micro_batch_order not in MICRO_BATCH_ORDERS:
+        raise ValueError(f"unknown micro_batch_order {self.micro_batch_order!r}; choose one of {MICRO_BATCH_ORDERS}")
+    if self.micro_batch_order != "as-planned" and not varlen:
+        raise ValueError("micro_batch_order reorders variable-length micro-batches: set batching= too")
     longest = get_model(self.model, self.model_options).seq_len
     if (varlen or self.micro_batches_at) and longest is None:
         raise ValueError(f"batching={self.batching!r} and micro_batches_at need a language model preset "

@@ -25,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+MicroBatchOrder = Literal["as-planned", "longest-first", "shortest-first", "random"]
+"""The order a step's micro-batches enter the pipeline (`reorder`)."""
+MICRO_BATCH_ORDERS: tuple[str, ...] = get_args(MicroBatchOrder)
 Batching = Literal["fixed", "pad-to-max", "sorted", "token-budget"]
 """``"fixed"``: every sample has the model's full length (no padding; the default)."""
 BATCHING_METHODS: tuple[str, ...] = get_args(Batching)
@@ -119,3 +122,25 @@ def plan_micro_batches(lengths: Sequence[int], *, method: str, micro_batches: in
             best_total, best_cuts = total, cuts[::-1]
     groups = tuple(tuple(order[i:j]) for i, j in best_cuts)
     return MicroBatchPlan(groups, tuple(sorted_lengths[j - 1] for _, j in best_cuts))
+
+
+def reorder(plan: MicroBatchPlan, order: str, *, cost: MicroBatchCost, seed: int = 0) -> MicroBatchPlan:
+    """`plan` with its micro-batches in `order`: ``"as-planned"`` (as cut: sorted ascending for
+    ``sorted`` and ``token-budget``), ``"longest-first"`` / ``"shortest-first"`` by predicted
+    cost, or ``"random"`` (seeded). Which samples go together does not change, so neither does
+    the gradient; what changes is the fill and drain of the pipeline: the first micro-batch
+    fills it and the last drains it, and a costly one there is paid by every stage in turn.
+    """
+    if order not in MICRO_BATCH_ORDERS:
+        raise ValueError(f"unknown micro-batch order {order!r}; choose one of {MICRO_BATCH_ORDERS}")
+    index = list(range(plan.micro_batches))
+    costs = [cost(len(g), length) for g, length in zip(plan.groups, plan.padded)]
+    if order == "longest-first":
+        index.sort(key=lambda j: -costs[j])
+    elif order == "shortest-first":
+        index.sort(key=lambda j: costs[j])
+    elif order == "random":
+        import random
+
+        random.Random(seed).shuffle(index)
+    return MicroBatchPlan(tuple(plan.groups[j] for j in index), tuple(plan.padded[j] for j in index))

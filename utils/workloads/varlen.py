@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from utils.planning.microbatching import MicroBatchCost, MicroBatchPlan, plan_micro_batches
+from utils.planning.microbatching import MicroBatchCost, MicroBatchPlan, plan_micro_batches, reorder
 
 PAD_LABEL = -100
 MIN_LENGTH = 4
@@ -55,11 +55,12 @@ class VarlenBatches:
 
     def __init__(self, *, vocab: int, seq_len: int, seed: int, replica: int, samples: int, micro_batches: int,
                  method: str, num_stages: int, cost: MicroBatchCost | None, token_budget: int | None = None,
-                 lengths: Sequence[int] | None = None, loss_per: str = "token", active: int = 256):
+                 lengths: Sequence[int] | None = None, loss_per: str = "token", order: str = "as-planned",
+                 active: int = 256):
         self.vocab, self.seq_len, self.seed, self.replica = vocab, seq_len, seed, replica
         self.samples, self.micro_batches, self.method = samples, micro_batches, method
         self.num_stages, self.cost, self.token_budget = num_stages, cost, token_budget
-        self.lengths, self.loss_per, self.active = lengths, loss_per, min(active, vocab)
+        self.lengths, self.loss_per, self.order, self.active = lengths, loss_per, order, min(active, vocab)
         self.step = -1
         self.plan: MicroBatchPlan | None = None
         self.real_tokens = 0
@@ -81,6 +82,8 @@ class VarlenBatches:
         lengths, tokens = self.draw(step)
         plan = plan_micro_batches(lengths, method=self.method, micro_batches=self.micro_batches,
                                   num_stages=self.num_stages, cost=self.cost, token_budget=self.token_budget)
+        if self.order != "as-planned":
+            plan = reorder(plan, self.order, cost=self.cost, seed=self.seed * 100_003 + step)
         self.step, self.plan, self.real_tokens, self.step_lengths = step, plan, sum(lengths), lengths
         m = plan.micro_batches
         self._queue = []
@@ -133,5 +136,5 @@ def batches_for(spec, model, *, replica: int) -> VarlenBatches:
     return VarlenBatches(vocab=model.options["vocab"], seq_len=model.seq_len, seed=spec.seed, replica=replica,
                          samples=spec.micro_batch_size * spec.micro_batches, micro_batches=spec.micro_batches,
                          method=spec.batching, num_stages=spec.num_stages, cost=default_cost(model),
-                         token_budget=spec.token_budget, loss_per=spec.loss_per,
+                         token_budget=spec.token_budget, loss_per=spec.loss_per, order=spec.micro_batch_order,
                          lengths=spec.lengths if spec.batching != "fixed" else (model.seq_len,))
