@@ -40,7 +40,8 @@ _API: dict[str, tuple[str, ...]] = {
     "utils.jobs.confirm": ("confirm_top",),
     # 6. The dynamic half: a running job re-partitions itself (JobSpec(rebalance=...)).
     "utils.planning.rebalance": ("Rebalance", "Decision", "LayerCosts", "decide"),
-    "utils.planning.microbatching": ("plan_micro_batches", "MicroBatchCost", "MicroBatchPlan"),
+    "utils.planning.microbatching": ("plan_micro_batches", "MicroBatchCost", "MicroBatchPlan", "MicroBatchPolicy",
+                                     "MicroBatchDecision"),
     # 7. See it: plotly figures and notebook widgets.
     "utils.ui.plots": ("plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory"),
     "utils.ui.rebalance_plots": ("plot_partition_history",),

@@ -50,3 +50,27 @@ def test_a_new_micro_batch_count_takes_effect_at_its_step(runs_root):
     counts = [len(changed.timeline.select(step=s, stage=1, kinds=("backward",))) for s in range(4)]
     assert counts == [4, 4, 8, 8]
     assert _gap(changed.losses, static.losses) <= SAME
+
+
+def test_the_policy_picks_a_micro_batch_count_and_changes_it_when_costs_change(runs_root):
+    """16 fixed-length samples per step, 8 micro-batches of 2 at first. The policy looks every
+    2 steps; with the first 4 layers frozen from step 3 a micro-batch costs less compute while
+    its fixed cost stays. Each look is recorded; the count in force shows on the timeline;
+    and whatever it chose, the losses equal the static job's (the same samples, per token)."""
+    from utils import MicroBatchPolicy
+
+    fields = dict(micro_batch_size=2, micro_batches=8, steps=9, freeze_at={3: 4})
+    static = run_job(_spec(2, **fields, micro_batches_at={0: 8}, name="policy-static"), progress=False)
+    run = run_job(_spec(2, **fields, micro_batch_policy=MicroBatchPolicy(memory_samples=16, every=2, min_gain=0.0),
+                        name="policy-m"), progress=False)
+    assert _gap(run.losses, static.losses) <= SAME
+    decisions = run.micro_batch_decisions
+    assert [d.step for d in decisions] == [2, 4, 6, 8] and run.rebalance_decisions == []
+    counts = [len(run.timeline.select(step=s, stage=1, kinds=("backward",))) for s in range(9)]
+    in_force = 8
+    for step in range(9):
+        chosen = next((d.chosen for d in decisions if d.step == step), None)
+        in_force = chosen or in_force
+        assert counts[step] == in_force, (step, counts, [d.reason for d in decisions])
+    assert any(d.change for d in decisions), [d.reason for d in decisions]
+    assert all(set(d.predicted) == {1, 2, 4, 8, 16} for d in decisions)  # all fit 16 samples in flight

@@ -28,6 +28,7 @@ FROZEN = {
     "confirm_top",
     # 6. The dynamic half
     "Rebalance", "Decision", "LayerCosts", "decide", "plan_micro_batches", "MicroBatchCost", "MicroBatchPlan",
+    "MicroBatchPolicy", "MicroBatchDecision",
     # 7. Pictures and widgets
     "plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory",
     "plot_partition_history",

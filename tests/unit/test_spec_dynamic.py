@@ -85,3 +85,17 @@ def test_a_warm_up_adds_deepspeeds_scheduler():
 def test_bad_batching_is_explained_before_launch(fields, message):
     with pytest.raises((ValueError, TypeError), match=message):
         JobSpec(**{**BASE, "micro_batches": 4, "micro_batch_size": 4, **fields}).check()
+
+
+def test_micro_batch_policy_is_checked_and_recorded():
+    from utils import MicroBatchPolicy
+
+    spec = JobSpec(**BASE, micro_batch_policy=MicroBatchPolicy(memory_samples=16, every=2))
+    spec.check()
+    assert JobSpec.from_dict(json.loads(spec.to_json())) == spec
+    with pytest.raises(ValueError, match=r"already keeps 8 samples in flight, over memory_samples=4"):
+        JobSpec(**BASE, micro_batch_policy=MicroBatchPolicy(memory_samples=4)).check()
+    with pytest.raises(ValueError, match="without batching= and micro_batches_at"):
+        JobSpec(**BASE, micro_batch_policy=MicroBatchPolicy(memory_samples=16), micro_batches_at={2: 2}).check()
+    with pytest.raises(TypeError, match="micro_batch_policy must be"):
+        JobSpec(**BASE, micro_batch_policy={"memory_samples": 4}).check()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from utils.jobs.rundir import PartitionChange, RunDir, RunState, runs_dir
 from utils.jobs.spec import JobSpec
+from utils.planning.microbatching import MicroBatchDecision
 from utils.planning.rebalance import Decision
 from utils.system.procs import pid_alive
 from utils.timeline import Event, Timeline
@@ -147,7 +148,14 @@ class Run:
     def rebalance_decisions(self) -> list[Decision]:
         """Every look of the re-balancing policy (`JobSpec.rebalance`), in step order: the
         per-layer costs it saw, the prediction, whether it moved and why."""
-        return [Decision.from_dict(row) for row in self.run_dir.decisions()]
+        return [Decision.from_dict(row) for row in self.run_dir.decisions() if "kind" not in row]
+
+    @cached_property
+    def micro_batch_decisions(self) -> list[MicroBatchDecision]:
+        """Every look of the micro-batch policy (`JobSpec.micro_batch_policy`): the predicted
+        step time of each count that fits the memory budget, the choice and why."""
+        return [MicroBatchDecision.from_dict(row) for row in self.run_dir.decisions()
+                if row.get("kind") == "micro-batches"]
 
     @cached_property
     def layer_costs(self) -> dict[int, dict[int, tuple[float, float]]]:

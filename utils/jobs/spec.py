@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 from utils import validation
 from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, RepartitionMode, check_batching, check_dynamic,
                                     count as _count, is_sequence as _is_sequence)
-from utils.planning.microbatching import Batching, MicroBatchOrder
+from utils.planning.microbatching import Batching, MicroBatchOrder, MicroBatchPolicy
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
 from utils.timeline import INSTRUCTION_KINDS, InstructionKind
@@ -148,6 +148,10 @@ class JobSpec:
     """Variable-length batching: the order a step's micro-batches run in (``"as-planned"``,
     ``"longest-first"``, ``"shortest-first"``, ``"random"``; see
     `utils.planning.microbatching.reorder`): the same gradient, another fill and drain."""
+    micro_batch_policy: MicroBatchPolicy | None = None
+    """Let the job choose its micro-batch count under an activation-memory budget, and change
+    it when the measured stage costs change (`utils.planning.microbatching.MicroBatchPolicy`);
+    fixed-length batching, instead of micro_batches_at."""
     micro_batches_at: Mapping[int, int] = field(default_factory=dict)
     """``{step: m}``: from `step` on, cut the same global batch into `m` micro-batches (each
     of micro_batch_size × micro_batches / m samples)."""
@@ -275,6 +279,8 @@ class JobSpec:
             data["lengths"] = list(self.lengths)
         if self.rebalance is not None:
             data["rebalance"] = self.rebalance.to_dict()
+        if self.micro_batch_policy is not None:
+            data["micro_batch_policy"] = self.micro_batch_policy.to_dict()
         return data
 
     def to_json(self) -> str:
@@ -291,6 +297,8 @@ class JobSpec:
             data["fault"] = Fault(**data["fault"])
         if data.get("rebalance") is not None:
             data["rebalance"] = Rebalance.from_dict(data["rebalance"])
+        if data.get("micro_batch_policy") is not None:
+            data["micro_batch_policy"] = MicroBatchPolicy.from_dict(data["micro_batch_policy"])
         return cls(**data)
 
 

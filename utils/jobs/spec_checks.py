@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Literal, get_args
 
 from utils import validation
-from utils.planning.microbatching import BATCHING_METHODS, MICRO_BATCH_ORDERS
+from utils.planning.microbatching import BATCHING_METHODS, MICRO_BATCH_ORDERS, MicroBatchPolicy, in_flight_samples
 from utils.planning.rebalance import Rebalance
 from utils.workloads.models import get_model
 
@@ -117,6 +117,18 @@ def check_batching(self) -> None:  # self: the JobSpec
     elif self.token_budget is not None:
         raise ValueError("token_budget only applies to batching='token-budget'")
     samples = self.micro_batch_size * self.micro_batches
+    policy = self.micro_batch_policy
+    if policy is not None:
+        if not isinstance(policy, MicroBatchPolicy):
+            raise TypeError(f"micro_batch_policy must be a utils.MicroBatchPolicy(...) or None, got {policy!r}")
+        policy.check()
+        if varlen or self.micro_batches_at:
+            raise ValueError("micro_batch_policy chooses the count of fixed-length micro-batches itself: use it "
+                             "without batching= and micro_batches_at")
+        if in_flight_samples(self.micro_batches, samples, self.num_stages, self.schedule) > policy.memory_samples:
+            raise ValueError(f"micro_batches={self.micro_batches} already keeps "
+                             f"{in_flight_samples(self.micro_batches, samples, self.num_stages, self.schedule)} samples "
+                             f"in flight, over memory_samples={policy.memory_samples}: start from a count that fits")
     for step, m in self.micro_batches_at.items():
         step_in_run("micro_batches_at", step, self.steps)
         count(f"micro_batches_at[{step}]", m)

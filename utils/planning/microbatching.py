@@ -25,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from utils.planning.schedules import build_schedule
+from utils.planning.simulator import simulate
+
 MicroBatchOrder = Literal["as-planned", "longest-first", "shortest-first", "random"]
 """The order a step's micro-batches enter the pipeline (`reorder`)."""
 MICRO_BATCH_ORDERS: tuple[str, ...] = get_args(MicroBatchOrder)
@@ -144,3 +147,126 @@ def reorder(plan: MicroBatchPlan, order: str, *, cost: MicroBatchCost, seed: int
 
         random.Random(seed).shuffle(index)
     return MicroBatchPlan(tuple(plan.groups[j] for j in index), tuple(plan.padded[j] for j in index))
+
+
+# --- choosing the micro-batch count while a job runs --------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class MicroBatchPolicy:
+    """`JobSpec(micro_batch_policy=...)`: let a running job choose how many micro-batches it
+    cuts each step's samples into, under an activation-memory budget, and change it when the
+    measured stage costs change (after a freeze, a re-partition)."""
+
+    memory_samples: int
+    """The most samples whose activations one stage may hold at once. Under 1F1B stage 0
+    holds ``min(p, m)`` micro-batches of ``S / m`` samples; under GPipe all ``S``."""
+    every: int = 4
+    """Look before every step that is a multiple of `every` (not step 0)."""
+    min_gain: float = 0.03
+    """Change only for a predicted saving of at least this share of the step (noise)."""
+
+    def check(self) -> None:
+        for name in ("memory_samples", "every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MicroBatchPolicy.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
+            raise ValueError(f"MicroBatchPolicy.min_gain must be in [0, 1), got {self.min_gain!r}")
+
+    def to_dict(self) -> dict:
+        return {"memory_samples": self.memory_samples, "every": self.every, "min_gain": self.min_gain}
+
+    @classmethod
+    def from_dict(cls, data) -> MicroBatchPolicy:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class MicroBatchDecision:
+    """One look of a `MicroBatchPolicy` (recorded with the re-balancing decisions, kind
+    ``"micro-batches"``)."""
+
+    step: int
+    current: int
+    chosen: int
+    predicted: dict[int, float]
+    """Predicted step seconds of every count that fits the memory budget."""
+    measured_step_seconds: float
+    reason: str
+    kind: str = "micro-batches"
+
+    @property
+    def change(self) -> bool:
+        return self.chosen != self.current
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "step": self.step, "current": self.current, "chosen": self.chosen,
+                "predicted": {str(m): t for m, t in self.predicted.items()},
+                "measured_step_seconds": self.measured_step_seconds, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data) -> MicroBatchDecision:
+        return cls(step=data["step"], current=data["current"], chosen=data["chosen"],
+                   predicted={int(m): t for m, t in data["predicted"].items()},
+                   measured_step_seconds=data["measured_step_seconds"], reason=data["reason"])
+
+
+def in_flight_samples(m: int, samples: int, num_stages: int, schedule: str) -> int:
+    """Samples whose activations stage 0 holds at its peak: 1F1B keeps ``min(p, m)``
+    micro-batches in flight, GPipe all of them."""
+    return samples if schedule == "gpipe" else min(num_stages, m) * (samples // m)
+
+
+def choose_micro_batches(*, step: int, samples: int, num_stages: int, schedule: str, current: int,
+                         observed: dict[int, tuple[Sequence[float], Sequence[float]]],
+                         measured_step_seconds: float, policy: MicroBatchPolicy,
+                         overhead_samples: float) -> MicroBatchDecision:
+    """The micro-batch count for the coming steps.
+
+    `observed` maps a micro-batch count the job ran with to the measured seconds of one
+    micro-batch's forward and backward per stage. Each stage's cost of a micro-batch of n
+    samples is modelled as ``k (overhead_samples + n)``: the cost model's fixed part
+    (`overhead_samples`, what a micro-batch costs whatever its size, in samples; measured by
+    `benchmarks/dynamic_microbatch.py`) and a scale `k` per stage and pass fitted by least
+    squares on every size observed, so the stages' measured imbalance carries over. Every count
+    dividing `samples` whose in-flight activations fit `policy.memory_samples` is simulated;
+    the fastest wins if it saves at least `policy.min_gain` of the step (predictions are
+    scaled by measured / predicted of the current count).
+    """
+    sizes = {samples // m: costs for m, costs in observed.items()}
+
+    def model(stage: int, which: int):
+        # t(n) = k (overhead + n): the cost model's shape, its scale k fitted by least squares
+        # on every size observed (two free parameters from two noisy sizes extrapolate badly).
+        points = [(overhead_samples + n, costs[which][stage]) for n, costs in sizes.items()]
+        k = sum(x * t for x, t in points) / sum(x * x for x, _ in points)
+        return lambda n: k * (overhead_samples + n)
+
+    models = [[model(s, k) for s in range(num_stages)] for k in (0, 1)]
+
+    def predict(m: int) -> float:
+        n = samples // m
+        timeline = simulate(build_schedule(schedule, num_stages, m), [f(n) for f in models[0]],
+                            [b(n) for b in models[1]])
+        return max(e.end for e in timeline.events) - min(e.start for e in timeline.events)
+
+    fitting = [m for m in range(1, samples + 1) if samples % m == 0
+               and in_flight_samples(m, samples, num_stages, schedule) <= policy.memory_samples]
+    if not fitting:
+        raise ValueError(f"no micro-batch count fits memory_samples={policy.memory_samples}: even one sample per "
+                         f"micro-batch keeps {in_flight_samples(samples, samples, num_stages, schedule)} in flight")
+    scale = measured_step_seconds / predict(current)
+    predicted = {m: predict(m) * scale for m in fitting}
+    best = min(fitting, key=lambda m: (predicted[m], m))
+    now = measured_step_seconds
+    if best == current:
+        return MicroBatchDecision(step, current, current, predicted, now,
+                                  f"{current} micro-batches is already the fastest count that fits the memory budget")
+    saving = (now - predicted[best]) / now
+    if current in predicted and saving < policy.min_gain:
+        return MicroBatchDecision(step, current, current, predicted, now,
+                                  f"{best} micro-batches would save {saving:.1%} per step, under min_gain "
+                                  f"{policy.min_gain:.0%}: stay at {current}")
+    why = "" if current in predicted else f" ({current} no longer fits the memory budget)"
+    return MicroBatchDecision(step, current, best, predicted, now,
+                              f"{best} micro-batches: predicted {predicted[best] * 1e3:.1f} ms per step against "
+                              f"{now * 1e3:.1f} ms measured at {current} ({saving:+.1%}){why}")

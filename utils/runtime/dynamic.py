@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from statistics import median
 
 import torch.distributed as dist
 
 from utils.jobs.rundir import PartitionChange
+from utils.planning.microbatching import MicroBatchDecision, choose_micro_batches
 from utils.planning.rebalance import Decision, LayerCosts, decide, estimate_migration_seconds, moved_layers
 from utils.runtime.migrate import repartition_live
 from utils.timeline import Event
+from utils.workloads.varlen import OVERHEAD_TOKENS
 
 ASSUMED_BYTES_PER_SECOND = {"cpu": 1e9, "cuda": 1e10}
 """How fast moved state is assumed to travel before a migration was measured: a first guess
@@ -62,12 +65,32 @@ class Curriculum:
 class MicroBatching:
     """Plans each step's micro-batches (`utils.workloads.varlen`) and sets the engine's
     micro-batch count to the plan's (``set_train_batch_size``: DeepSpeed's gradient
-    accumulation steps) before the step; runs after any hook that may replace the engine."""
+    accumulation steps) before the step; runs after any hook that may replace the engine.
+
+    With a `MicroBatchPolicy` it also measures what one micro-batch costs each stage (its
+    forward and backward events) at every count it runs, and every `every` steps lets rank 0
+    choose the count for the steps ahead (`choose_micro_batches`), recorded with the
+    re-balancing decisions. A freeze or a new engine makes it measure afresh.
+    """
+
+    def __init__(self, state):
+        self.policy = state.spec.micro_batch_policy
+        self.count = state.spec.micro_batches
+        self.observed: dict[int, list[tuple[float, float]]] = {}  # count -> this rank's (f, b) per step
+        self.step_seconds: dict[int, list[float]] = {}  # count -> measured step seconds
+        self._engine = None
+        self._warming = True  # the first step, and the first at a new count, warm up: not measured
 
     def before_step(self, state, step: int) -> None:
         spec = state.spec
+        if state.engine is not self._engine or step in spec.freeze_at:
+            self.observed, self.step_seconds, self._engine = {}, {}, state.engine  # costs changed
+        if self.policy is not None and step > 0 and step % self.policy.every == 0:
+            chosen = self._decide(state, step)
+            self._warming = self._warming or chosen != self.count
+            self.count = chosen
         changes = [m for at, m in sorted(spec.micro_batches_at.items()) if at <= step]
-        state.data.micro_batches = changes[-1] if changes else spec.micro_batches
+        state.data.micro_batches = changes[-1] if changes else self.count
         count = state.data.begin_step(step)
         if state.rank == 0:
             plan, lengths = state.data.plan, state.data.step_lengths
@@ -79,7 +102,45 @@ class MicroBatching:
             state.engine.set_train_batch_size(count * spec.micro_batch_size * spec.data_parallel)
 
     def after_step(self, state, step, loss, seconds) -> None:
-        pass
+        if self.policy is None:
+            return
+        if self._warming:
+            self._warming = False
+            return
+        mine = [e for e in state.last_events if e.kind in ("forward", "backward")]
+        per_kind = [[e.duration for e in mine if e.kind == kind] for kind in ("forward", "backward")]
+        if all(per_kind):
+            self.observed.setdefault(self.count, []).append((median(per_kind[0]), median(per_kind[1])))
+            self.step_seconds.setdefault(self.count, []).append(seconds)
+
+    def _decide(self, state, step: int) -> int:
+        gathered = [None] * dist.get_world_size()
+        mine = {m: values for m, values in self.observed.items() if values}
+        dist.all_gather_object(gathered, (state.stage, mine, self.step_seconds.get(self.count, [])[-3:]))
+        chosen = [self.count]
+        if state.rank == 0:
+            p = state.spec.num_stages
+            counts = set.intersection(*(set(g[1]) for g in gathered)) if gathered else set()
+            observed = {}
+            for m in counts:
+                per_stage = [[v for stage, table, _ in gathered if stage == s for v in table[m]] for s in range(p)]
+                observed[m] = ([median(v[0] for v in rows) for rows in per_stage],
+                               [median(v[1] for v in rows) for rows in per_stage])
+            seconds = gathered[0][2]
+            if self.count in observed and seconds:
+                decision = choose_micro_batches(
+                    step=step, samples=state.spec.micro_batch_size * state.spec.micro_batches, num_stages=p,
+                    schedule=state.spec.schedule, current=self.count, observed=observed,
+                    measured_step_seconds=median(seconds), policy=self.policy,
+                    overhead_samples=OVERHEAD_TOKENS / state.model.seq_len)
+            else:
+                decision = MicroBatchDecision(step, self.count, self.count, {}, 0.0,
+                                              f"not enough measurements at {self.count} micro-batches since the last "
+                                              "change of costs (a freeze, a new engine) or count: stay")
+            state.run_dir.record_decision(decision.to_dict())
+            chosen = [decision.chosen]
+        dist.broadcast_object_list(chosen, src=0)
+        return chosen[0]
 
 
 class Repartitioner:

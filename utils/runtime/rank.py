@@ -8,11 +8,11 @@ the run directory.
 
 The training loop has one seam: `StepHook`s run before and after every step with the
 `RankState` (engine, tracer, stage ...). Anything that changes a running job between steps —
-re-partitioning, a new micro-batch count, per-layer measurement — is a hook that may
-replace ``state.engine``; the loop itself stays this short.
+freezing, re-partitioning (`utils.runtime.dynamic`), a new micro-batch plan — is a hook
+that may replace ``state.engine``; the loop itself stays this short.
 
 Before anything else a rank starts a watcher that ends it when its parent (torchrun) or the
-process that launched the job (the notebook) is gone (`_exit_with_parent`), and checks that
+process that launched the job (the notebook) is gone (`utils.runtime.lifecycle`), and checks that
 it was started by the launch that owns its run directory (`_record_into`): a
 ``command.txt`` run by hand records a new sibling run instead of appending to this one.
 """
@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -31,10 +30,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import psutil
-
-from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir, StatusSlot
+from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir, StatusSlot
 from utils.jobs.spec import JobSpec
+from utils.runtime.lifecycle import exit_with_parent, redirect_output
 
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -62,6 +60,8 @@ class RankState:
     """The `LayerCostMeter` of a job that re-balances itself, else None."""
     pending_events: list = field(default_factory=list)
     """Events a hook adds to the coming step (a re-partition), written with the step's own."""
+    last_events: list = field(default_factory=list)
+    """The events of the step that just ended (what a policy measures stage costs on)."""
     first_step: int = 0
     """The step training starts from: 0, or where a restart (`utils.runtime.restart`) resumes."""
     origin_wall: float | None = None
@@ -234,13 +234,13 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     if spec.repartition_at or spec.rebalance:
         hooks.append(Repartitioner(state))
     if _varies(spec):
-        hooks.append(MicroBatching())  # last: it sets the count on the engine the step runs on
+        hooks.append(MicroBatching(state))  # last: it sets the count on the engine the step runs on
     return state, hooks
 
 
 def _varies(spec: JobSpec) -> bool:
     """Whether micro-batches change shape between steps (variable lengths, a new count)."""
-    return spec.batching != "fixed" or bool(spec.micro_batches_at)
+    return spec.batching != "fixed" or bool(spec.micro_batches_at) or spec.micro_batch_policy is not None
 
 
 def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
@@ -263,7 +263,7 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
             started = time.perf_counter()
             loss = float(state.engine.train_batch(data_iter=state.data))
             events = state.pending_events + state.tracer.end_step()  # on GPU this synchronizes
-            state.pending_events = []
+            state.pending_events, state.last_events = [], events
             seconds = time.perf_counter() - started
             events_file.write("".join(json.dumps(asdict(e)) + "\n" for e in events))
             events_file.flush()
@@ -353,66 +353,6 @@ def _record_into(requested: RunDir) -> tuple[RunDir, str | None]:
     return fresh, why
 
 
-def _redirect_output(run_dir: RunDir) -> None:
-    """Send this rank's stdout and stderr to its own log before anything can print."""
-    log = open(run_dir.rank_log(RANK), "ab", buffering=0)
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-
-
-def _exit_with_parent() -> None:
-    """End this rank if its parent (torchrun) or the process that launched the job (the
-    notebook, named by the launcher) disappears, so no orphan outlives a killed job.
-
-    torchrun runs in a session of its own, so a killed notebook or a script that returned
-    after `start_job` leaves it running; once its ranks exit, torchrun sees failed ranks
-    and exits by itself.
-    """
-    parent = os.getppid()
-    launcher_alive = _launcher_watch()
-
-    def watch():
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
-            if not launcher_alive():
-                print(f"rank {RANK}: the process that launched this job "
-                      f"(pid {os.environ.get(LAUNCHER_PID_ENV)}) is gone; exiting", file=sys.stderr, flush=True)
-                os._exit(1)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
-
-
-def _launcher_watch():
-    """A function telling whether the launching process still runs (always True when no
-    launcher was named, as when ``command.txt`` is run by hand)."""
-    try:
-        pid = int(os.environ[LAUNCHER_PID_ENV])
-        created = float(os.environ[LAUNCHER_CREATED_ENV])
-    except (KeyError, ValueError):
-        return lambda: True
-    try:
-        launcher = psutil.Process(pid)
-        # Gone before this rank started, and its pid reused since: not our launcher.
-        same = abs(launcher.create_time() - created) < 1.0
-    except psutil.Error:
-        same = False
-    if not same:
-        return lambda: False
-
-    def alive() -> bool:
-        try:
-            # A killed process whose parent has not reaped it yet is a zombie: gone too.
-            return launcher.is_running() and launcher.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    return alive
-
-
 class TerminalProgress:
     """Rank 0's phases and steps, one line each, on the terminal a job was started from by
     hand (its ``command.txt``): everything else a rank prints goes to its log, so without
@@ -438,19 +378,19 @@ class TerminalProgress:
 
 def _terminal_progress(run_dir: RunDir, moved: str | None) -> TerminalProgress | None:
     """For rank 0 of a run started by hand (`_record_into` moved it): a `TerminalProgress`
-    on a copy of the terminal's stdout, taken before `_redirect_output` replaces it."""
+    on a copy of the terminal's stdout, taken before `redirect_output` replaces it."""
     if RANK != 0 or moved is None:
         return None
     return TerminalProgress(os.fdopen(os.dup(1), "w", buffering=1), run_dir)
 
 
 def main() -> None:
-    _exit_with_parent()
+    exit_with_parent()
     run_dir, moved = _record_into(RunDir(Path(sys.argv[1]).resolve()))
     if moved and RANK == 0:  # the one line a terminal shows before the output goes to the logs
         print(f"this run is recorded in {run_dir.path}, not in {sys.argv[1]}: {moved}", flush=True)
     terminal = _terminal_progress(run_dir, moved)
-    _redirect_output(run_dir)
+    redirect_output(run_dir)
     try:
         if terminal:
             terminal.say("正在导入并构建 DeepSpeed 引擎 (setting up DeepSpeed: a few seconds; the first job in "

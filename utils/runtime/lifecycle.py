@@ -1,0 +1,76 @@
+"""The life of a rank process: its output goes to its own log, and it ends itself when the
+process that launched it (the notebook) or its parent (torchrun) is gone, so no orphan
+outlives a killed job. Used by `utils.runtime.rank.main` before anything else runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import psutil
+
+from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RunDir
+
+RANK = int(os.environ.get("RANK", "0"))
+
+
+def redirect_output(run_dir: RunDir) -> None:
+    """Send this rank's stdout and stderr to its own log before anything can print."""
+    log = open(run_dir.rank_log(RANK), "ab", buffering=0)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def exit_with_parent() -> None:
+    """End this rank if its parent (torchrun) or the process that launched the job (the
+    notebook, named by the launcher) disappears, so no orphan outlives a killed job.
+
+    torchrun runs in a session of its own, so a killed notebook or a script that returned
+    after `start_job` leaves it running; once its ranks exit, torchrun sees failed ranks
+    and exits by itself.
+    """
+    parent = os.getppid()
+    launcher_alive = launcher_watch()
+
+    def watch():
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            if not launcher_alive():
+                print(f"rank {RANK}: the process that launched this job "
+                      f"(pid {os.environ.get(LAUNCHER_PID_ENV)}) is gone; exiting", file=sys.stderr, flush=True)
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def launcher_watch():
+    """A function telling whether the launching process still runs (always True when no
+    launcher was named, as when ``command.txt`` is run by hand)."""
+    try:
+        pid = int(os.environ[LAUNCHER_PID_ENV])
+        created = float(os.environ[LAUNCHER_CREATED_ENV])
+    except (KeyError, ValueError):
+        return lambda: True
+    try:
+        launcher = psutil.Process(pid)
+        # Gone before this rank started, and its pid reused since: not our launcher.
+        same = abs(launcher.create_time() - created) < 1.0
+    except psutil.Error:
+        same = False
+    if not same:
+        return lambda: False
+
+    def alive() -> bool:
+        try:
+            # A killed process whose parent has not reaped it yet is a zombie: gone too.
+            return launcher.is_running() and launcher.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    return alive
