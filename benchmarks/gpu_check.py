@@ -8,6 +8,9 @@
 2. Per-instruction timing sanity: forward and backward durations are positive and stable
    across steps (spread printed), backward/forward ratio printed.
 3. With >= 2 GPUs, a 2-stage job on NCCL, same checks, plus the tracer overhead ratio.
+4. The dynamic half on CUDA: the per-layer cost meter's CUDA events, freezing and
+   variable-length token-budget micro-batches on one GPU; with >= 2 GPUs a live
+   re-partition over NCCL (loss equal to the static job's) and the re-balancing benchmark.
 """
 
 import statistics
@@ -44,6 +47,32 @@ def check(stages: int) -> None:
           f"peak memory {run.peak_memory} ({run.memory_kind})")
 
 
+def check_dynamic() -> None:
+    common = dict(model="gpt-large", micro_batches=4, steps=6, device="cuda", timeout=900)
+    run = utils.run_job(utils.JobSpec(**common, num_stages=1, rebalance=utils.Rebalance(every=2, window=1),
+                                      freeze_at={3: 4}, name="gpu-meter"), progress=False)
+    costs = run.layer_costs[max(run.layer_costs)]
+    assert all(f > 0 for f, _ in costs.values()), costs
+    assert all(b == 0 for i, (_, b) in costs.items() if i < 4) and all(b > 0 for i, (_, b) in costs.items() if i >= 4)
+    print(f"meter on CUDA: layer forward ms {[round(f * 1e3, 2) for f, _ in costs.values()]}")
+    budget = utils.run_job(utils.JobSpec(**common, num_stages=1, batching="token-budget", token_budget=4 * 512,
+                                         name="gpu-varlen"), progress=False)
+    print(f"token-budget on CUDA: losses {[round(x, 4) for x in budget.losses]}, "
+          f"micro-batches {[len(v) for v in budget.micro_batch_tokens.values()]}")
+    if torch.cuda.device_count() >= 2:
+        static = utils.run_job(utils.JobSpec(**common, num_stages=2, name="gpu-static"), progress=False)
+        parts = static.parts
+        moved = utils.run_job(utils.JobSpec(**common, num_stages=2, partition=tuple(parts),
+                                            repartition_at={3: (0, parts[1] + 2, parts[2])}, name="gpu-live"),
+                              progress=False)
+        gap = max(abs(a - b) / abs(b) for a, b in zip(moved.losses, static.losses))
+        live = max(e.duration for e in moved.timeline.select(kinds=("repartition",)))
+        print(f"live re-partition over NCCL: {live * 1e3:.0f} ms, loss gap to static {gap:.2g}")
+        assert gap <= 1e-5
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dynamic_rebalance.py"), "--device", "cuda"],
+                       check=True)
+
+
 if __name__ == "__main__":
     assert torch.cuda.is_available(), "this check needs a GPU"
     print(torch.cuda.get_device_name(0), "GPUs:", torch.cuda.device_count())
@@ -52,3 +81,4 @@ if __name__ == "__main__":
         check(2)
         subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tracer_overhead.py"), "--device", "cuda",
                         "--stages", "2", "--model", "gpt-large"], check=True)
+    check_dynamic()
