@@ -22,11 +22,12 @@ Targets: token-budget tokens/s >= 1.5x pad-to-max and >= 1.1x sorted; median pre
 method runs under the same memory cap.
 
 Measured on the 2-core CPU VM (2026-11-30, nothing else running): real tokens/s pad-to-max
-1569, sorted 3758, token-budget 8714 (5.55x and 2.32x; padding 80.7 %, 45.2 %, 13.6 %);
-median prediction error 2.0 % (pad-to-max 2.0 %, sorted 1.5 % in-sample, token-budget
-6.1 %); longest-first 328 ms vs shortest-first 343 ms per step (predicted 354 vs 360). With
-another job sharing the two cores the errors grow to 20-40 %: the fit then measures the
-other job too. About 3 minutes in all.
+1640, sorted 3920, token-budget 8731 (5.32x and 2.23x; padding 80.7 %, 45.2 %, 13.6 %);
+median prediction error 1.3 % (pad-to-max 0.9 %, sorted 1.2 % in-sample, token-budget
+3.1 %). Order: longest-first 341 ms vs shortest-first 338 ms per step (predicted 321 vs 327):
+on this model the predicted difference (2 %) is within run-to-run noise, and an earlier run
+measured 328 vs 343. With another job sharing the two cores the errors grow to 20-40 %: the
+fit then measures the other job too. About 3 minutes in all.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ instruction (Python, gloo send/recv) from hiding the compute a move rebalances, 
 them per step keep the 1F1B fill and drain ((p - 1) / (m + p - 1) = 6 % of a balanced step)
 from eating the gain (with 8: 1.22x of a 1.36x ceiling).
 
-Measured on the 2-core CPU VM (2026-11-30): after the shift static 1513 ms, dynamic 1166 ms
-per step: 1.30x of a 1.40x ceiling (93 %); live move 248 ms vs restart 3803 ms (6.5 %); end to
-end 1.11x; meter overhead +0.7 %. About 4 minutes in all.
+Measured on the 2-core CPU VM (2026-11-30, final code): after the shift static 1532 ms,
+dynamic 1179 ms per step: 1.30x of a 1.41x ceiling (92 %); live move 257 ms vs restart
+4166 ms (6.2 %); end to end 1.14x; meter overhead +2.4 % (+0.7 % in an earlier run). About 4 minutes in all.
 
 Targets (ratios, same run): dynamic / static steady-state step time after the shift >= 1.25x
 and >= 85 % of the ceiling the measured per-layer costs allow; dynamic beats static end to

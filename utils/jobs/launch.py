@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import statistics
 import time
@@ -253,7 +254,9 @@ class RunningJob:
             else:
                 how = f"died with exit code {code}"
             after = f" (rank(s) {sorted(reported)} then lost their connection to it)" if reported else ""
-            return (f"rank {rank} (stage {self.spec.stage_of_rank(rank)}) {how} and no Python error{after}; "
+            doing = re.sub(r"\s*t=[\d.]+$", "", StatusSlot.read(self.run_dir.status_slot(rank)))
+            where = f" while in: {doing}" if doing else ""
+            return (f"rank {rank} (stage {self.spec.stage_of_rank(rank)}) {how}{where}, and no Python error{after}; "
                     f"the end of its log:\n{_tail(self.run_dir.rank_log(rank))}")
         if errors:
             return _describe_error(min(errors, key=lambda e: e["time"]), errors)
