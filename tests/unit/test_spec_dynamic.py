@@ -81,6 +81,8 @@ def test_a_warm_up_adds_deepspeeds_scheduler():
     ({"token_budget": 128}, r"token_budget only applies"),
     ({"loss_per": "sample"}, r"unknown loss_per 'sample'"),
     ({"batching": "sorted", "seq_len_at": {1: 16}}, r"drop one of them"),
+    # micro_batches_at draws its own per-step samples too: a curriculum there would be ignored
+    ({"micro_batches_at": {2: 2}, "seq_len_at": {1: 16}}, r"drop one of them"),
 ])
 def test_bad_batching_is_explained_before_launch(fields, message):
     with pytest.raises((ValueError, TypeError), match=message):

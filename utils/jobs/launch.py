@@ -138,12 +138,9 @@ class RunningJob:
     def _relaunch_due(self, finished: list[int]) -> int | None:
         """The step a restart-mode job asked to be relaunched before, if it did and this
         launch has not relaunched it yet (its ranks exited cleanly without results)."""
-        from utils.system.fileio import read_json
-
         if finished or self.spec.repartition_mode != "restart":
             return None
-        record = read_json(self.run_dir.file(RunDir.RESTART))
-        step = record.get("step") if isinstance(record, dict) else None
+        step = (self.run_dir.read_restart() or {}).get("step")
         return step if isinstance(step, int) and step not in self.restarts else None
 
     def _errors(self) -> list[dict]:

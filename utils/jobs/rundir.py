@@ -200,6 +200,15 @@ class RunDir:
     def decisions(self) -> list[dict]:
         return read_jsonl(self.file(self.DECISIONS))
 
+    def read_restart(self) -> dict | None:
+        """The restart a restart-mode job asked for (step, old and new boundaries, checkpoint
+        tag), or None: what relaunched ranks resume from and what the launcher relaunches on."""
+        record = read_json(self.file(self.RESTART))
+        return record if isinstance(record, dict) else None
+
+    def write_restart(self, record: dict) -> None:
+        write_json(self.file(self.RESTART), record)
+
     @property
     def checkpoints(self) -> Path:
         return self.path / self.CHECKPOINTS

@@ -23,37 +23,37 @@ OPTIMIZER_CARRIES: tuple[str, ...] = get_args(OptimizerCarry)
 LOSS_NORMALISATIONS: tuple[str, ...] = get_args(LossNormalisation)
 
 
-def check_dynamic(self, n_layers: int) -> None:  # self: the JobSpec
+def check_dynamic(spec, n_layers: int) -> None:
     """The dynamic fields: every step inside the run, every partition valid, freezing only
     ever grows, one way of re-partitioning at a time."""
     for name in ("repartition_at", "freeze_at", "seq_len_at", "micro_batches_at"):
-        if not isinstance(getattr(self, name), Mapping):
-            raise TypeError(f"{name} must be a dict {{step: ...}}, got {getattr(self, name)!r}")
-    for step, boundaries in self.repartition_at.items():
-        step_in_run("repartition_at", step, self.steps, first=1,
+        if not isinstance(getattr(spec, name), Mapping):
+            raise TypeError(f"{name} must be a dict {{step: ...}}, got {getattr(spec, name)!r}")
+    for step, boundaries in spec.repartition_at.items():
+        step_in_run("repartition_at", step, spec.steps, first=1,
                      why="step 0 starts with the planned partition: set partition= for it")
         try:
-            validation.boundaries(boundaries, n_layers=n_layers, num_stages=self.num_stages)
+            validation.boundaries(boundaries, n_layers=n_layers, num_stages=spec.num_stages)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"repartition_at[{step}]: {exc}") from None
-    if self.repartition_mode not in REPARTITION_MODES:
-        raise ValueError(f"unknown repartition_mode {self.repartition_mode!r}; choose one of {REPARTITION_MODES}")
-    if self.repartition_optimizer not in OPTIMIZER_CARRIES:
-        raise ValueError(f"unknown repartition_optimizer {self.repartition_optimizer!r}; "
+    if spec.repartition_mode not in REPARTITION_MODES:
+        raise ValueError(f"unknown repartition_mode {spec.repartition_mode!r}; choose one of {REPARTITION_MODES}")
+    if spec.repartition_optimizer not in OPTIMIZER_CARRIES:
+        raise ValueError(f"unknown repartition_optimizer {spec.repartition_optimizer!r}; "
                          f"choose one of {OPTIMIZER_CARRIES}")
-    if self.rebalance is not None:
-        if not isinstance(self.rebalance, Rebalance):
-            raise TypeError(f"rebalance must be a utils.Rebalance(...) or None, got {self.rebalance!r}")
-        self.rebalance.check()
-        if self.repartition_at:
+    if spec.rebalance is not None:
+        if not isinstance(spec.rebalance, Rebalance):
+            raise TypeError(f"rebalance must be a utils.Rebalance(...) or None, got {spec.rebalance!r}")
+        spec.rebalance.check()
+        if spec.repartition_at:
             raise ValueError("give either repartition_at (forced moves) or rebalance (the job decides), "
                              "not both: a forced move would overrule the policy's measurements")
-        if self.repartition_mode != "live":
+        if spec.repartition_mode != "live":
             raise ValueError("rebalance re-partitions a running job, which needs repartition_mode='live' "
                              "(restart mode is the baseline for forced moves, repartition_at)")
     previous = 0
-    for step, frozen in self.freeze_at.items():
-        step_in_run("freeze_at", step, self.steps)
+    for step, frozen in spec.freeze_at.items():
+        step_in_run("freeze_at", step, spec.steps)
         count(f"freeze_at[{step}]", frozen)
         if frozen >= n_layers:
             raise ValueError(f"freeze_at[{step}]={frozen} freezes every layer of the {n_layers}: nothing "
@@ -62,75 +62,76 @@ def check_dynamic(self, n_layers: int) -> None:  # self: the JobSpec
             raise ValueError(f"freeze_at[{step}]={frozen} unfreezes layers frozen earlier ({previous}); "
                              "progressive freezing only grows: give non-decreasing counts")
         previous = frozen
-    if self.seq_len_at:
-        longest = get_model(self.model, self.model_options).seq_len
+    if spec.seq_len_at:
+        longest = get_model(spec.model, spec.model_options).seq_len
         if longest is None:
-            raise ValueError(f"seq_len_at needs a language model preset ('gpt', 'gpt-large'), not {self.model!r}")
-        for step, tokens in self.seq_len_at.items():
-            step_in_run("seq_len_at", step, self.steps)
+            raise ValueError(f"seq_len_at needs a language model preset ('gpt', 'gpt-large'), not {spec.model!r}")
+        for step, tokens in spec.seq_len_at.items():
+            step_in_run("seq_len_at", step, spec.steps)
             count(f"seq_len_at[{step}]", tokens)
             if tokens > longest:
                 raise ValueError(f"seq_len_at[{step}]={tokens} exceeds the model's seq_len {longest} (its "
                                  f"position table); use at most {longest} or model_options={{'seq_len': ...}}")
 
-def check_batching(self) -> None:  # self: the JobSpec
+def check_batching(spec) -> None:
     """Variable-length samples and micro-batch plans: caught here, not in a rank."""
-    if self.batching not in BATCHING_METHODS:
-        raise ValueError(f"unknown batching {self.batching!r}; choose one of {BATCHING_METHODS}")
-    if self.loss_per not in LOSS_NORMALISATIONS:
-        raise ValueError(f"unknown loss_per {self.loss_per!r}; choose one of {LOSS_NORMALISATIONS}")
-    varlen = self.batching != "fixed"
-    if self.micro_batch_order not in MICRO_BATCH_ORDERS:
-        raise ValueError(f"unknown micro_batch_order {self.micro_batch_order!r}; choose one of {MICRO_BATCH_ORDERS}")
-    if self.micro_batch_order != "as-planned" and not varlen:
+    if spec.batching not in BATCHING_METHODS:
+        raise ValueError(f"unknown batching {spec.batching!r}; choose one of {BATCHING_METHODS}")
+    if spec.loss_per not in LOSS_NORMALISATIONS:
+        raise ValueError(f"unknown loss_per {spec.loss_per!r}; choose one of {LOSS_NORMALISATIONS}")
+    varlen = spec.batching != "fixed"
+    if spec.micro_batch_order not in MICRO_BATCH_ORDERS:
+        raise ValueError(f"unknown micro_batch_order {spec.micro_batch_order!r}; choose one of {MICRO_BATCH_ORDERS}")
+    if spec.micro_batch_order != "as-planned" and not varlen:
         raise ValueError("micro_batch_order reorders variable-length micro-batches: set batching= too")
-    longest = get_model(self.model, self.model_options).seq_len
-    if (varlen or self.micro_batches_at) and longest is None:
-        raise ValueError(f"batching={self.batching!r} and micro_batches_at need a language model preset "
-                         f"('gpt', 'gpt-large'), not {self.model!r}")
-    if self.lengths is not None:
+    longest = get_model(spec.model, spec.model_options).seq_len
+    if (varlen or spec.micro_batches_at) and longest is None:
+        raise ValueError(f"batching={spec.batching!r} and micro_batches_at need a language model preset "
+                         f"('gpt', 'gpt-large'), not {spec.model!r}")
+    if spec.lengths is not None:
         if not varlen:
             raise ValueError("lengths only apply to variable-length batching: set batching='pad-to-max', "
                              "'sorted' or 'token-budget'")
-        if not is_sequence(self.lengths) or not self.lengths:
-            raise ValueError(f"lengths must be a non-empty list of sample lengths, got {self.lengths!r}")
-        for length in self.lengths:
+        if not is_sequence(spec.lengths) or not spec.lengths:
+            raise ValueError(f"lengths must be a non-empty list of sample lengths, got {spec.lengths!r}")
+        for length in spec.lengths:
             count("lengths[...]", length)
             if length > longest:
                 raise ValueError(f"a sample length {length} exceeds the model's seq_len {longest}; use "
                                  f"lengths <= {longest} or model_options={{'seq_len': ...}}")
-    if varlen and self.seq_len_at:
-        raise ValueError("seq_len_at shortens fixed-length samples; variable-length batching draws each "
-                         "sample's length itself: drop one of them")
-    if self.batching == "token-budget":
-        if self.token_budget is None:
+    if spec.seq_len_at and (varlen or spec.micro_batches_at or spec.micro_batch_policy is not None):
+        raise ValueError("seq_len_at shortens the samples of the fixed stream; batching=, micro_batches_at and "
+                         "micro_batch_policy draw each step's samples themselves (whose lengths seq_len_at would "
+                         "not reach): drop one of them")
+    if spec.batching == "token-budget":
+        if spec.token_budget is None:
             raise ValueError("batching='token-budget' needs token_budget=..., the most padded tokens a "
                              "micro-batch may hold")
-        count("token_budget", self.token_budget)
-        needed = max(self.lengths) if self.lengths else longest
-        if self.token_budget < needed:
-            raise ValueError(f"token_budget={self.token_budget} is smaller than the longest sample "
-                             f"({needed} tokens{'' if self.lengths else ', the model seq_len the default lengths reach'}): "
+        count("token_budget", spec.token_budget)
+        needed = max(spec.lengths) if spec.lengths else longest
+        if spec.token_budget < needed:
+            raise ValueError(f"token_budget={spec.token_budget} is smaller than the longest sample "
+                             f"({needed} tokens{'' if spec.lengths else ', the model seq_len the default lengths reach'}): "
                              f"no micro-batch could hold it; use token_budget >= {needed}")
-        if self.micro_batches_at:
+        if spec.micro_batches_at:
             raise ValueError("token-budget batching chooses the micro-batch count itself: drop micro_batches_at")
-    elif self.token_budget is not None:
+    elif spec.token_budget is not None:
         raise ValueError("token_budget only applies to batching='token-budget'")
-    samples = self.micro_batch_size * self.micro_batches
-    policy = self.micro_batch_policy
+    samples = spec.micro_batch_size * spec.micro_batches
+    policy = spec.micro_batch_policy
     if policy is not None:
         if not isinstance(policy, MicroBatchPolicy):
             raise TypeError(f"micro_batch_policy must be a utils.MicroBatchPolicy(...) or None, got {policy!r}")
         policy.check()
-        if varlen or self.micro_batches_at:
+        if varlen or spec.micro_batches_at:
             raise ValueError("micro_batch_policy chooses the count of fixed-length micro-batches itself: use it "
                              "without batching= and micro_batches_at")
-        if in_flight_samples(self.micro_batches, samples, self.num_stages, self.schedule) > policy.memory_samples:
-            raise ValueError(f"micro_batches={self.micro_batches} already keeps "
-                             f"{in_flight_samples(self.micro_batches, samples, self.num_stages, self.schedule)} samples "
+        if in_flight_samples(spec.micro_batches, samples, spec.num_stages, spec.schedule) > policy.memory_samples:
+            raise ValueError(f"micro_batches={spec.micro_batches} already keeps "
+                             f"{in_flight_samples(spec.micro_batches, samples, spec.num_stages, spec.schedule)} samples "
                              f"in flight, over memory_samples={policy.memory_samples}: start from a count that fits")
-    for step, m in self.micro_batches_at.items():
-        step_in_run("micro_batches_at", step, self.steps)
+    for step, m in spec.micro_batches_at.items():
+        step_in_run("micro_batches_at", step, spec.steps)
         count(f"micro_batches_at[{step}]", m)
         if samples % m:
             raise ValueError(f"micro_batches_at[{step}]={m} does not divide the {samples} samples of a "

@@ -33,7 +33,6 @@ import torch.distributed as dist
 from utils.jobs.rundir import PartitionChange
 from utils.runtime.frozen import local_layers
 from utils.runtime.migrate import stage_of, torch_optimizer
-from utils.system.fileio import read_json, write_json
 from utils.timeline import Event
 
 
@@ -50,7 +49,7 @@ def request_restart(state, step: int, target: Sequence[int]) -> None:
     torch.save(state.data.state(), run_dir.checkpoints / _tag(step) / f"data-rank{state.rank}.pt")
     dist.barrier()  # every rank's files are on disk before rank 0 says a restart is due
     if state.rank == 0:
-        write_json(run_dir.file(run_dir.RESTART), {
+        run_dir.write_restart({
             "step": step, "old": list(state.boundaries), "new": list(target), "tag": _tag(step),
             "started": started, "origin_wall": state.origin_wall})
         run_dir.record_partition_change(PartitionChange(step=step, boundaries=tuple(target), reason="repartition_at"))
@@ -61,8 +60,7 @@ def request_restart(state, step: int, target: Sequence[int]) -> None:
 
 def pending(run_dir) -> dict | None:
     """The restart a relaunched rank resumes from, or None for a fresh start."""
-    record = read_json(run_dir.file(run_dir.RESTART))
-    return record if isinstance(record, dict) else None
+    return run_dir.read_restart()
 
 
 def resume(state, record: dict) -> int:

@@ -66,7 +66,6 @@ class VarlenBatches:
         self.real_tokens = 0
         self.step_lengths: list[int] = []
         self._queue: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
-        self.tokens = seq_len  # the attribute a curriculum sets; not used with variable lengths
 
     def draw(self, step: int) -> tuple[list[int], torch.Tensor]:
         """The step's sample lengths and tokens (each sample one row, its length + 1 long)."""
