@@ -13,9 +13,11 @@ import importlib
 
 _API: dict[str, tuple[str, ...]] = {
     # 1. Describe and run a real DeepSpeed pipeline job, and read its record.
-    "utils.jobs.spec": ("JobSpec", "Fault"),
+    "utils.jobs.spec": ("JobSpec",),
+    "utils.jobs.fault": ("Fault",),
     "utils.jobs.plan": ("JobPlan", "plan_job", "profile_for_job"),
     "utils.jobs.config": ("deepspeed_config",),
+    "utils.jobs.configlint": ("lint_config", "Finding"),
     "utils.jobs.launch": ("run_job", "start_job", "RunningJob", "JobFailed"),
     "utils.jobs.runs": ("Run", "find_run", "list_runs"),
     "utils.jobs.rundir": ("runs_dir",),
@@ -30,21 +32,34 @@ _API: dict[str, tuple[str, ...]] = {
     # 3. Plan without processes: schedules as data, the simulator (a model, never a measurement).
     "utils.planning.schedules": ("Action", "Schedule", "build_schedule", "parse_action"),
     "utils.planning.simulator": ("simulate",),
+    "utils.planning.topology": ("rank_grid", "RankGrid"),
     # 4. Balance the stages: per-layer profiles and exact partitions.
     "utils.profiling.result": ("LayerProfile",),
     "utils.profiling.profile": ("profile_layers",),
+    "utils.profiling.link": ("cut_bytes", "measure_link"),
     "utils.planning.partitioning": ("partition_layers", "stage_costs", "bottleneck", "LayerMemory"),
     # 5. What if: predictions calibrated on a measured run, searched, then confirmed for real.
     "utils.planning.whatif": ("measured_stage_costs", "predict_from_timeline", "search_micro_batches",
                               "fastest_within_memory"),
     "utils.jobs.confirm": ("confirm_top",),
+    "utils.planning.tuning": ("tune", "Candidate"),
+    "utils.jobs.autotune": ("autotune", "Tuning"),
     # 6. The dynamic half: a running job re-partitions itself (JobSpec(rebalance=...)).
     "utils.planning.rebalance": ("Rebalance", "Decision", "LayerCosts", "decide"),
     "utils.planning.microbatching": ("plan_micro_batches", "MicroBatchCost", "MicroBatchPlan", "MicroBatchPolicy",
                                      "MicroBatchDecision"),
-    # 7. See it: plotly figures and notebook widgets.
+    # 7. Find what is wrong with a job: failed, hung or slow.
+    "utils.jobs.diagnose": ("diagnose",),
+    "utils.analysis.diagnosis": ("Diagnosis",),
+    # 8. Beyond one machine: nodes, launchers, the commands that run a job elsewhere.
+    "utils.jobs.hosts": ("Node", "parse_hostfile"),
+    "utils.jobs.multinode": ("TorchrunNodes", "DeepSpeedRunner"),
+    "utils.jobs.commands": ("prepare_job", "NodeCommands"),
+    "utils.analysis.links": ("boundary_links", "BoundaryLink"),
+    # 9. See it: plotly figures and notebook widgets.
     "utils.ui.plots": ("plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory"),
     "utils.ui.rebalance_plots": ("plot_partition_history",),
+    "utils.ui.topology_plots": ("plot_rank_grid",),
     "utils.ui.widgets": ("RunPanel",),
     "utils.ui.explorer": ("TimelineExplorer",),
 }

@@ -202,6 +202,9 @@ class Timeline:
                           "args": {"name": f"stage {stage}"}})
             trace.append({"ph": "M", "name": "process_sort_index", "pid": stage, "tid": 0,
                           "args": {"sort_index": stage}})
+        for stage, rank in sorted({(e.stage, e.rank) for e in self.events}):
+            trace.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": rank,
+                          "args": {"name": f"rank {rank}"}})
         for e in self.events:
             trace.append({
                 "ph": "X", "name": e.label, "cat": e.kind, "pid": e.stage, "tid": e.rank,

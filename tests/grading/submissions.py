@@ -17,8 +17,9 @@ liar            every function returns an object whose ``==`` is always True (an
 empty           the student copy, unchanged
 metadata_lost   correct answers; every cell's metadata and id removed (nbformat's
                 validator rejects such a file)
-aliased         lab03 only: balanced_partition calls the library through an alias imported
-                before the checks run (``from utils import partition_layers as p``)
+aliased         labs 3 and 5: the answers call the library the lab forbids through an alias
+                imported before the checks run (``from utils import partition_layers as p``;
+                lab05: ``from utils import build_schedule as _library``)
 answers_first   correct answers, all in one cell at the top of the notebook, above the set-up
                 cells (it runs top to bottom; an honest layout that must keep full marks)
 garbage         not a notebook at all
@@ -40,12 +41,18 @@ runner_swap        lab02: partly_wrong answers; the kernel side of the grader
                    built at run time, by one that fabricates every reply
 code_saver         lab03: balanced_partition runs the library's algorithm from code objects
                    saved before the ban (a bypass that must be flagged for review)
-other_algorithm    lab03: a different correct algorithm (binary search over contiguous sums)
+other_algorithm    lab03: a different correct algorithm (binary search over contiguous sums);
+                   lab05: 1F1B as a greedy rule (forward while fewer than p - s activations are
+                   held) and DeepSpeed's order through TrainSchedule's own step-to-micro-batch map
+actions_returned   lab05: gpipe and one_f_one_b return ``utils.Action`` objects instead of strings
+                   (not plain data: the judge receives placeholders and the type checks fail)
 helper_early       lab03: library helpers imported at the top of the first answer cell, the
                    allowed ones used
 answers_moved      lab03: the first answer cell moved to the end of the notebook
 metrics_shortcut   labs 1 and 2: the answers call the library's metrics instead of computing
-                   them from the events (issue 15: the labs forbid it while the checks run)
+                   them from the events (issue 15: the labs forbid it while the checks run);
+                   lab07: read_status and diagnose_failure call utils.diagnose's own parser and
+                   diagnosis (the lab forbids them while its checks call the student's code)
 =================  ==================================================================
 """
 
@@ -96,6 +103,84 @@ def bubble_ratio(events, num_stages):
     return float(sum(stage_utilisation(events, num_stages)) / num_stages)
 ''',
     },
+    "lab05_schedules_as_data": {
+        # off by one: p - s warm-up forwards (valid, but one activation too many and not DeepSpeed's order)
+        "one_f_one_b": '''
+def one_f_one_b(p, m):
+    rows = []
+    for s in range(p):
+        warmup = min(p - s, m)
+        row = [f"{s}F{i}" for i in range(warmup)]
+        for j in range(m):
+            if warmup + j < m:
+                row.append(f"{s}F{warmup + j}")
+            row.append(f"{s}B{j}")
+        rows.append(row)
+    return rows
+''',
+        # the buffer id taken for the micro-batch (right only while m <= num_pipe_buffers())
+        "deepspeed_order": '''
+def deepspeed_order(p, m, stage):
+    order = []
+    for cmds in TrainSchedule(micro_batches=m, stages=p, stage_id=stage).steps():
+        for cmd in cmds:
+            if isinstance(cmd, ForwardPass):
+                order.append((f"F{cmd.buffer_id}", cmd.buffer_id))
+            elif isinstance(cmd, BackwardPass):
+                order.append((f"B{cmd.buffer_id}", cmd.buffer_id))
+    return order
+''',
+    },
+    "lab07_diagnose_pipeline_jobs": {
+        # a hung job blamed on the first rank that did not finish: in a hang that is a rank
+        # waiting in a receive for the one that holds everybody up
+        "diagnose_failure": '''
+def diagnose_failure(record):
+    ranks = record["ranks"]
+    if record["state"] == "timeout":
+        rank, cause = min(r for r, info in ranks.items() if not info["finished"]), "hang"
+    elif record["state"] == "failed":
+        import re
+
+        errors = [info["error"] for _, info in sorted(ranks.items()) if info["error"]]
+        causes = [e for e in errors if not any(c in e["message"] for c in CONSEQUENCES)]
+        died = re.search(r"rank (\\d+) \\(stage \\d+\\) (?:was killed by|died with exit code)", record["error"])
+        if causes or (errors and not died):
+            first = min(causes or errors, key=lambda e: e["time"])
+            rank, text = int(first["rank"]), f"{first['type']}: {first['message']}"
+        else:
+            rank = int(died.group(1))
+            text = ranks[rank]["log"]
+        cause = next((code for code, marks in CAUSES.items() if any(m in text for m in marks)), "unknown")
+    else:
+        raise ValueError("not a failed run")
+    status = read_status(ranks[rank]["status"])
+    instruction = status["instruction"] or "setup"
+    return {"rank": rank, "stage": ranks[rank]["stage"], "instruction": instruction,
+            "step": status["step"] if instruction != "setup" else None, "cause": cause}
+''',
+        # the whole deepspeed_config dropped: the keys that were right are lost with the wrong ones
+        "fix_spec": '''
+def fix_spec(spec):
+    return dataclasses.replace(utils.JobSpec.from_dict(spec), deepspeed_config={}, strict=True).to_dict()
+''',
+        # step 0 counted: a rank slow only while warming up looks like a straggler
+        "find_straggler": '''
+def find_straggler(timeline):
+    durations, stage_of = {}, {}
+    for e in timeline.events:
+        if e.kind in COMPUTE:
+            durations.setdefault(e.rank, []).append(e.end - e.start)
+            stage_of[e.rank] = e.stage
+    typical = {r: statistics.median(d) for r, d in durations.items()}
+    best, best_ratio = None, STRAGGLER_RATIO
+    for r, t in sorted(typical.items()):
+        peers = [typical[q] for q in typical if q != r and stage_of[q] == stage_of[r]]
+        if peers and t / statistics.median(peers) >= best_ratio:
+            best, best_ratio = r, t / statistics.median(peers)
+    return best
+''',
+    },
     "lab03_balanced_partition": {
         # equal layer counts: valid form, optimal only by luck
         "balanced_partition": '''
@@ -111,10 +196,12 @@ def balanced_partition(costs, num_stages):
 RAISING = {
     "lab02_metrics_from_events": ("compute_intervals", "bubble_ratio"),
     "lab03_balanced_partition": ("stage_loads", "speedup_over_uniform"),
+    "lab05_schedules_as_data": ("gpipe", "summarize"),
 }
 """(task whose cell raises after its def, task whose function raises when called)."""
 
-LOOPING = {"lab02_metrics_from_events": "bubble_ratio", "lab03_balanced_partition": "speedup_over_uniform"}
+LOOPING = {"lab02_metrics_from_events": "bubble_ratio", "lab03_balanced_partition": "speedup_over_uniform",
+           "lab05_schedules_as_data": "summarize"}
 
 
 PATCHED_REFERENCE = '''
@@ -234,12 +321,95 @@ def balanced_partition(costs, num_stages):
 '''
 
 
-#: The library's metrics where a lab asks for the student's own computation.
+ONE_F_ONE_B_GREEDY = '''
+def one_f_one_b(p, m):
+    """Greedy: the next forward while fewer than p - s activations are held, else the oldest backward."""
+    rows = []
+    for s in range(p):
+        row, forwards, backwards = [], 0, 0
+        while backwards < m:
+            if forwards < m and forwards - backwards < p - s:
+                row.append(f"{s}F{forwards}")
+                forwards += 1
+            else:
+                row.append(f"{s}B{backwards}")
+                backwards += 1
+        rows.append(row)
+    return rows
+'''
+
+DEEPSPEED_STEP_MAP = '''
+def deepspeed_order(p, m, stage):
+    """TrainSchedule's own map from a step to its micro-batch."""
+    schedule = TrainSchedule(micro_batches=m, stages=p, stage_id=stage)
+    order = []
+    for step_id, cmds in enumerate(schedule.steps()):
+        micro_batch, _ = schedule._step_to_micro_batch(step_id)
+        for cmd in cmds:
+            if type(cmd).__name__ in ("ForwardPass", "BackwardPass"):
+                order.append((type(cmd).__name__[0] + str(micro_batch), cmd.buffer_id))
+    return order
+'''
+
+#: Honest answers written another way (kind ``other_algorithm``), per lab and task.
+OTHER_ALGORITHMS = {
+    "lab03_balanced_partition": {"balanced_partition": OTHER_ALGORITHM},
+    "lab05_schedules_as_data": {"one_f_one_b": ONE_F_ONE_B_GREEDY, "deepspeed_order": DEEPSPEED_STEP_MAP},
+}
+
+#: Answers calling the library a lab forbids, through an alias imported before the checks (kind ``aliased``).
+ALIASED = {
+    "lab03_balanced_partition": {"balanced_partition": '''
+from utils import partition_layers as p
+
+
+def balanced_partition(costs, num_stages):
+    return p(list(costs), num_stages)
+'''},
+    "lab05_schedules_as_data": {
+        "gpipe": '''
+from utils import build_schedule as _library
+
+
+def gpipe(p, m):
+    return [[str(a) for a in row] for row in _library("gpipe", p, m).actions]
+''',
+        "one_f_one_b": '''
+def one_f_one_b(p, m):
+    return [[str(a) for a in row] for row in _library("1f1b", p, m).actions]
+''',
+        "deepspeed_order": '''
+def deepspeed_order(p, m, stage):
+    buffers = max(2, min(p - stage, m))
+    return [(label, int(label[1:]) % buffers) for label in _library("1f1b", p, m).compute_order(stage)]
+''',
+    },
+}
+
+#: The library's metrics (lab07: its diagnosis) where a lab asks for the student's own computation.
 SHORTCUTS = {
     "lab01_measure_bubble": {"measured_bubble": '''
 def measured_bubble(timeline):
     return float(timeline.metrics().bubble_ratio)
 '''},
+    "lab07_diagnose_pipeline_jobs": {
+        "read_status": '''
+from utils.jobs.diagnose import parse_status
+
+
+def read_status(text):
+    found = parse_status(text)
+    return {key: found[key] for key in ("step", "instruction", "micro_batch")}
+''',
+        "diagnose_failure": '''
+def diagnose_failure(record):
+    run = next(r for r in utils.list_runs() if r.name == record["run"])
+    primary = utils.diagnose(run, reveal_fault=False).primary
+    where = primary.where
+    return {"rank": where.rank, "stage": where.stage, "instruction": where.instruction,
+            "step": where.step if where.instruction != "setup" else None, "cause": primary.code}
+''',
+    },
     "lab02_metrics_from_events": {
         "compute_intervals": '''
 from utils.analysis.intervals import interval_union
@@ -336,7 +506,12 @@ def build(lab: LabSource, kind: str) -> str:
     elif kind == "code_saver":
         answers["balanced_partition"] = CODE_SAVER.strip()
     elif kind == "other_algorithm":
-        answers["balanced_partition"] = OTHER_ALGORITHM.strip()
+        answers.update({task: code.strip() for task, code in OTHER_ALGORITHMS[lab.name].items()})
+    elif kind == "actions_returned":  # lab05: utils.Action objects where the lab asks for strings
+        for task in ("gpipe", "one_f_one_b"):
+            real = answers[task].replace(f"def {task}(", f"def _{task}_strings(", 1)
+            answers[task] = (real + "\n\n\n" + _signature(lab, task)
+                             + f"\n    return [[utils.parse_action(a) for a in row] for row in _{task}_strings(p, m)]")
     elif kind == "helper_early":
         first = next(iter(lab.tasks))
         answers[first] = ("from utils import bottleneck, partition_layers, stage_costs\n\n\n" + answers[first])
@@ -347,9 +522,7 @@ def build(lab: LabSource, kind: str) -> str:
     elif kind == "metrics_shortcut":
         answers.update({task: code.strip() for task, code in SHORTCUTS[lab.name].items()})
     elif kind == "aliased":
-        answers["balanced_partition"] = ("from utils import partition_layers as p\n\n\n"
-                                         + _signature(lab, "balanced_partition")
-                                         + "\n    return p(list(costs), num_stages)")
+        answers.update({task: code.strip() for task, code in ALIASED[lab.name].items()})
     cells = []
     for cell in nb["cells"]:
         if _is(cell, "answer"):
@@ -384,6 +557,39 @@ def write_all(lab: LabSource, kinds: list[str], folder: Path) -> dict[str, Path]
     return paths
 
 
+FOLDERS = ("correct", "metadata_lost", "no_notebook")
+"""Kinds handed in as a folder (notebook plus other files) instead of a single file."""
+
+
+def grade_prepared(lab: LabSource, kinds: list[str], tmp: Path) -> tuple[list, Path, str]:
+    """Write every kind of `kinds` under ``tmp/submissions`` (the `FOLDERS` kinds as a folder
+    with a file next to the notebook, ``no_notebook`` without one) and grade them through the
+    command line as an instructor types it: the results, the output folder and what it printed."""
+    import subprocess
+    import sys
+
+    from utils.grading.grade import SubmissionResult
+
+    submissions = tmp / "submissions"
+    submissions.mkdir(parents=True, exist_ok=True)
+    for kind in kinds:
+        if kind in FOLDERS:
+            (submissions / kind).mkdir()
+            (submissions / kind / "notes.txt").write_text("a file next to the notebook", encoding="utf-8")
+            if kind != "no_notebook":
+                (submissions / kind / f"{lab.name}.ipynb").write_text(build(lab, kind), encoding="utf-8")
+        else:
+            (submissions / f"{kind}.ipynb").write_text(build(lab, kind), encoding="utf-8")
+    out = tmp / "out"
+    done = subprocess.run([sys.executable, "-m", "utils.grading", "grade", lab.name.split("_")[0], str(submissions),
+                           "--out", str(out), "--workers", "2", "--timeout", str(TEST_TIMEOUT)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return [SubmissionResult.from_dict(r) for r in data["students"]], out, done.stdout
+
+
 def hidden_lines(lab: LabSource) -> list[str]:
     """Lines of the lab's hidden test *code* that students never see: long enough not to occur
     by chance, not shared with a public test, and not a line that is only the text of an
@@ -408,3 +614,31 @@ def assert_nothing_hidden_leaks(lab: LabSource, out: Path) -> None:
             assert marker not in text, f"{path.name} contains {marker!r}"
         leaked = [line for line in lines if line in text]
         assert not leaked, f"{path.name} shows hidden test code: {leaked[:3]}"
+
+
+def validate_and_grade(lab: LabSource, tmp: Path, notebooks: dict[str, str], *, validate_timeout: float,
+                       timeout: float = TEST_TIMEOUT, record_timings=None) -> tuple[dict, Path, Path]:
+    """What the grading test of a lab with real jobs does: `validate` (the lab source's jobs run
+    once and are recorded; the solution graded as ``correct``, the student copy as ``empty``),
+    then every notebook of `notebooks` (kind -> text) graded with the recorded runs, two at a
+    time. The runs the graded kernels ended with are kept in ``tmp / "kept-runs"``. Returns
+    (results by kind, the output folder, the recorded runs folder)."""
+    from utils.grading import Options, grade_batch, validate
+    from utils.grading.batch import write_outputs
+
+    solution, empty = validate(lab.path, tmp / "validate", options=Options(timeout=validate_timeout))
+    solution.student, empty.student = "correct", "empty"
+    recorded = tmp / "validate" / "recorded-runs"
+    folder = tmp / "submissions"
+    folder.mkdir()
+    for kind, text in notebooks.items():
+        (folder / f"{kind}.ipynb").write_text(text, encoding="utf-8")
+    out = tmp / "out"
+    results = grade_batch(lab.path, folder, out, workers=2,
+                          options=Options(timeout=timeout, runs=recorded, keep_runs=tmp / "kept-runs"))
+    if record_timings is not None:
+        record_timings(lab, [solution, empty, *results])
+    by_student = {r.student: r for r in results}
+    by_student.update(correct=solution, empty=empty)
+    write_outputs(out, list(by_student.values()), lab)
+    return by_student, out, recorded

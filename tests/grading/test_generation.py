@@ -4,6 +4,7 @@ copies are up to date (this is the check CI runs)."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 
 import nbformat
@@ -20,10 +21,21 @@ from tests.grading.submissions import ROOT
 LABS = [LabSource.load(p) for p in sources(ROOT)]
 
 
-def test_there_are_three_labs_with_ten_points_each():
+def test_every_lab_has_ten_points():
     assert [lab.name for lab in LABS] == ["lab01_measure_bubble", "lab02_metrics_from_events",
-                                          "lab03_balanced_partition"]
+                                          "lab03_balanced_partition", "lab04_rebalance_seed_case",
+                                          "lab05_schedules_as_data", "lab06_micro_batch_budget",
+                                          "lab07_diagnose_pipeline_jobs", "lab08_dynamic_rebalance",
+                                          "lab09_whatif_schedules", "lab10_end_to_end_tuning"]
     assert all(lab.max_points == 10 for lab in LABS)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=lambda lab: lab.name)
+def test_the_rules_state_the_labs_own_cell_timeout(lab):
+    """The rules tell students how long a cell may run: the lab's cell_timeout, in minutes."""
+    intro = "\n".join(c.source for c in lab.nb.cells if c.cell_type == "markdown")
+    stated = re.findall(r"一个单元运行太久（默认 (\d+) 分钟）", intro)
+    assert stated == [f"{lab.cell_timeout / 60:g}"], (stated, lab.cell_timeout)
 
 
 def test_check_command_passes_on_the_repository(capsys):

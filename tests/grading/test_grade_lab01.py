@@ -1,7 +1,8 @@
 """Grading lab 1, which launches four real DeepSpeed jobs.
 
-`validate` grades the lab's solution (full marks, real jobs) and its unchanged student copy
-(no marks, reusing the solution's recorded runs), through the same path as students' work.
+`validate` runs the lab source's four real jobs once, then grades the lab's solution (full
+marks) and its unchanged student copy (no marks) with those recorded runs, through the same
+path as students' work.
 The full matrix of submission kinds runs on labs 2 and 3, whose grading is cheaper.
 """
 
@@ -42,11 +43,12 @@ def test_the_unchanged_student_copy_earns_nothing(validated):
     assert all("NotImplementedError" in c.message for c in empty.checks)
 
 
-def test_the_four_real_runs_are_recorded_and_reused(validated):
-    solution, empty, out = validated
+def test_the_four_real_runs_are_recorded_once_and_reused(validated):
+    """The lab source ran its jobs once; the solution's and the student copy's kernels found
+    them recorded (a kernel that launched its own would have added a second set)."""
+    _, _, out = validated
     runs = list_runs(out / "recorded-runs")
     assert sorted(r.spec.micro_batches for r in runs) == [1, 2, 4, 8] and all(r.ok for r in runs)
-    assert empty.seconds < solution.seconds
 
 
 def test_the_library_shortcut_for_task_2_earns_nothing_there(validated, tmp_path):

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, build
-from utils.grading.grade import SubmissionResult
+from tests.grading.submissions import ROOT, assert_nothing_hidden_leaks, grade_prepared
 from utils.grading.notebook_source import LabSource, find_lab
 
 LAB = LabSource.load(find_lab(ROOT, "lab03"))
@@ -42,33 +39,11 @@ EXPECTED = {
     "garbage": NONE,  # not a notebook
     "no_notebook": NONE,  # a submission folder without a notebook
 }
-FOLDERS = ("correct", "metadata_lost", "no_notebook")
-"""Kinds handed in as a folder (notebook plus other files) instead of a single file."""
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, record_timings):
-    tmp = tmp_path_factory.mktemp("lab03")
-    submissions = tmp / "submissions"
-    for kind in EXPECTED:
-        if kind in FOLDERS:
-            (submissions / kind).mkdir(parents=True)
-            (submissions / kind / "notes.txt").write_text("a file next to the notebook", encoding="utf-8")
-            if kind != "no_notebook":
-                (submissions / kind / f"{LAB.name}.ipynb").write_text(build(LAB, kind), encoding="utf-8")
-        else:
-            submissions.mkdir(exist_ok=True)
-            (submissions / f"{kind}.ipynb").write_text(build(LAB, kind), encoding="utf-8")
-    out = tmp / "out"
-    done = subprocess.run([sys.executable, "-m", "utils.grading", "grade", "lab03", str(submissions),
-                           "--out", str(out), "--workers", "2", "--timeout", str(TEST_TIMEOUT)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
-    print(done.stdout)
-    assert done.returncode == 0, done.stdout + done.stderr
-    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    results = [SubmissionResult.from_dict(r) for r in data["students"]]
+    results, out, printed = grade_prepared(LAB, list(EXPECTED), tmp_path_factory.mktemp("lab03"))
     record_timings(LAB, results)
-    return {r.student: r for r in results}, out, done.stdout
+    return {r.student: r for r in results}, out, printed
 
 
 @pytest.mark.parametrize("kind", list(EXPECTED))

@@ -108,8 +108,14 @@ def test_ranks_end_when_the_launching_process_is_gone(runs_root, ending):
 
 def test_running_command_txt_again_records_a_new_run(runs_root, tmp_path):
     """The README invites running ``run.command`` in a terminal; it must not append a second
-    copy of every step to the run it came from."""
+    copy of every step to the run it came from. (Its first run also shows that torchrun, which
+    makes a torchelastic_* folder per job and never removes it, leaves nothing in the
+    temporary directory.)"""
+    tmp = Path(tempfile.gettempdir())
+    before_tmp = set(tmp.glob("torchelastic_*"))
     run = run_job(_small(), progress=False)
+    assert set(tmp.glob("torchelastic_*")) - before_tmp == set()
+    assert not (run.path / "tmp").exists()
     records = sorted(p.name for p in run.path.iterdir() if p.name.startswith(("progress-", "events-")))
     before = {name: (run.path / name).read_bytes() for name in records}
     assert len(records) == 4
@@ -128,13 +134,3 @@ def test_running_command_txt_again_records_a_new_run(runs_root, tmp_path):
     assert len(rerun.progress(0)) == len(rerun.progress(1)) == 3
     assert rerun.losses == run.losses  # the same seed: bit-identical
     assert (rerun_path / "spec.json").read_text() == (run.path / "spec.json").read_text()
-
-
-def test_torchrun_leaves_nothing_in_the_temporary_directory(runs_root):
-    """torchrun makes a torchelastic_* folder per job and never removes it."""
-    tmp = Path(tempfile.gettempdir())
-    before = set(tmp.glob("torchelastic_*"))
-    run = run_job(_small(), progress=False)
-    assert run.ok
-    assert set(tmp.glob("torchelastic_*")) - before == set()
-    assert not (run.path / "tmp").exists()

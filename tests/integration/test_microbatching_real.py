@@ -27,10 +27,11 @@ def _gap(a, b) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("stages", [4])
 def test_every_batching_method_computes_the_same_gradient(runs_root, stages):
     """Same samples, three cuts: the per-token loss (and so the gradient and every later
-    step) agrees to float rounding; averaging per micro-batch instead does not."""
+    step) agrees to float rounding; averaging per micro-batch instead does not. (Chapter 19
+    asserts the same on 2 stages; here 4, where variable shapes cross three boundaries.)"""
     naive = run_job(_spec(stages, batching="pad-to-max", name="pad"), progress=False)
     ordered = run_job(_spec(stages, batching="sorted", name="sorted"), progress=False)
     budget = run_job(_spec(stages, batching="token-budget", token_budget=256, name="budget"), progress=False)

@@ -74,7 +74,7 @@ def test_a_killed_torchrun_is_named(runs_root):
     # Before, SIGKILL of torchrun itself was reported as "rank 0 died".
     job = start_job(JobSpec(**LONG))
     _wait_for_steps(job)
-    job.launcher.process.send_signal(signal.SIGKILL)
+    job.launcher.agents[0].send_signal(signal.SIGKILL)
     with pytest.raises(JobFailed) as caught:
         job.wait()
     message = str(caught.value)

@@ -12,7 +12,7 @@ import utils
 
 FROZEN = {
     # 1. Describe and run a real job, read its record
-    "JobSpec", "Fault", "JobPlan", "plan_job", "profile_for_job", "deepspeed_config",
+    "JobSpec", "Fault", "JobPlan", "plan_job", "profile_for_job", "deepspeed_config", "lint_config", "Finding",
     "run_job", "start_job", "RunningJob", "JobFailed", "Run", "find_run", "list_runs", "runs_dir",
     "get_model", "PRESETS", "train_sequential",
     # 2. The data model and what is measured on it
@@ -20,18 +20,23 @@ FROZEN = {
     "bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved", "bubble_overhead_interleaved",
     "bubble_ratio_estimate", "makespan_estimate",
     # 3. Planning without processes
-    "Action", "Schedule", "build_schedule", "parse_action", "simulate",
+    "Action", "Schedule", "build_schedule", "parse_action", "simulate", "rank_grid", "RankGrid",
     # 4. Balancing stages
-    "LayerProfile", "profile_layers", "partition_layers", "stage_costs", "bottleneck", "LayerMemory",
+    "LayerProfile", "profile_layers", "cut_bytes", "measure_link", "partition_layers", "stage_costs", "bottleneck", "LayerMemory",
     # 5. What if
     "measured_stage_costs", "predict_from_timeline", "search_micro_batches", "fastest_within_memory",
-    "confirm_top",
+    "confirm_top", "tune", "Candidate", "autotune", "Tuning",
     # 6. The dynamic half
     "Rebalance", "Decision", "LayerCosts", "decide", "plan_micro_batches", "MicroBatchCost", "MicroBatchPlan",
     "MicroBatchPolicy", "MicroBatchDecision",
-    # 7. Pictures and widgets
+    # 7. Troubleshooting
+    "diagnose", "Diagnosis",
+    # 7b. Beyond one machine
+    "Node", "parse_hostfile", "TorchrunNodes", "DeepSpeedRunner", "prepare_job", "NodeCommands",
+    "boundary_links", "BoundaryLink",
+    # 8. Pictures and widgets
     "plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory",
-    "plot_partition_history",
+    "plot_partition_history", "plot_rank_grid",
     "RunPanel", "TimelineExplorer",
 }
 

@@ -106,6 +106,22 @@ def test_a_file_gets_one_line_per_phase_and_step_and_notes_are_not_errors(job):
         (True, False, False), (False, True, False), (False, False, True)]
 
 
+def _read_all(fd: int) -> bytes:
+    """Everything a pty's leader received. The kernel hands a terminal's output over in chunks
+    as it moves it, so one read can return only the first writes; read until the closed
+    follower's end (EIO on Linux)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def test_a_terminal_gets_one_line_rewritten_in_place(job):
     leader, follower = pty.openpty()
     with open(follower, "w", closefd=True) as terminal:
@@ -118,7 +134,7 @@ def test_a_terminal_gets_one_line_rewritten_in_place(job):
         line.update()  # nothing changed: nothing written
         job.state, job.ended = "stopped", time.time()
         line.close()
-    shown = os.read(leader, 4096).decode().replace("\r\n", "\n")  # the terminal's own newline
+    shown = _read_all(leader).decode().replace("\r\n", "\n")  # the terminal's own newline
     os.close(leader)
     frames = shown.split("\r")[1:]
     assert len(frames) == 3 and shown.endswith("\n")

@@ -20,6 +20,7 @@ BASE = {"num_stages": 2, "steps": 6}
     ({"repartition_at": [2, [0, 2, 8]]}, r"repartition_at must be a dict"),
     ({"repartition_mode": "hot"}, r"unknown repartition_mode 'hot'; choose one of \('live', 'restart'\)"),
     ({"repartition_optimizer": "keep"}, r"unknown repartition_optimizer 'keep'"),
+    ({"repartition_optimizer": "deepspeed"}, r"DeepSpeed's own optimizer loader.*set repartition_mode='restart'"),
     ({"rebalance": Rebalance(), "repartition_at": {2: [0, 2, 8]}}, r"either repartition_at .* or rebalance"),
     ({"rebalance": Rebalance(), "repartition_mode": "restart"}, r"needs repartition_mode='live'"),
     ({"rebalance": {"every": 2}}, r"rebalance must be a utils.Rebalance"),

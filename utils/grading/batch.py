@@ -54,7 +54,7 @@ from utils.system.procs import end_process_tree
 from . import containment
 from .containment import GIB, Budget, Containment
 from .feedback import fmt, markdown, write_csv
-from .grade import Options, SubmissionResult, grade_notebook
+from .grade import Options, SubmissionResult, grade_notebook, record_reference_runs
 from .isolation import check_mode
 from .notebook_source import LabSource, dumps
 
@@ -396,8 +396,10 @@ def validate(lab_path: LabSource | str | Path, out: str | Path, *, runs_out: str
     """Grade the lab's own solution (it must get full marks) and its unchanged student copy
     (it must get none), through the same path as students' work.
 
-    The solution runs first; the runs it records (real jobs) are kept in `runs_out` (a
-    folder under `out` when None) and handed to the student copy, so the lab's jobs run once.
+    Unless `options.runs` gives recorded runs, the lab source first runs in a judge and its
+    real jobs are recorded in `runs_out` (a folder under `out` when None); the solution and
+    the student copy are then graded with them, so the lab's jobs run once (the solution's
+    notebook launching them itself is what executing the source, e.g. under nbval, checks).
     Pass the same folder to ``grade --runs`` to spare every submission the jobs as well.
     `lab_path` may be the loaded lab source.
     """
@@ -411,10 +413,14 @@ def validate(lab_path: LabSource | str | Path, out: str | Path, *, runs_out: str
         second.mkdir()
         (first / "solution.ipynb").write_text(lab.path.read_text(encoding="utf-8"), encoding="utf-8")
         (second / "student_copy.ipynb").write_text(dumps(lab.student_copy()), encoding="utf-8")
-        echo(f"validate {lab.name}, 1/2: the solution must earn full marks. Its set-up cells run the lab's "
-             "real jobs unless recorded runs are given (lab01: about 1 min on 2 cores, lab02: about 20 s)")
+        if options.runs is None:
+            echo(f"validate {lab.name}: the lab source runs once in a judge; the real jobs it launches (if any) "
+                 f"are recorded in {runs_out}")
+            record_reference_runs(lab, runs_out, timeout=options.timeout)
+        runs = runs_out if runs_out.exists() else options.runs
+        echo(f"validate {lab.name}, 1/2: the solution must earn full marks (with the recorded runs)")
         solution = grade_batch(lab, first, out, workers=1, echo=echo, write=False, budget=budget,
-                               options=replace(options, keep_runs=runs_out))[0]
+                               options=replace(options, runs=runs, keep_runs=runs_out))[0]
         runs = runs_out if runs_out.exists() else options.runs
         echo(f"validate {lab.name}, 2/2: the unchanged student copy must earn nothing (reuses the runs just "
              "recorded: seconds)")

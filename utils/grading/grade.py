@@ -356,6 +356,29 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     return result
 
 
+def record_reference_runs(lab: LabSource, runs: Path, *, timeout: float | None = None) -> None:
+    """Run the lab source in a judge up to its last check, recording the real jobs its cells
+    launch in `runs` (``WORKBOOK_RUNS``). `validate` does this first, so that the solution's
+    kernel, its judge and the student copy's all find the jobs recorded (``Options.runs``)
+    and the lab's jobs run once, not once per process. Raises JudgeError if the source fails."""
+    last = max(lab.checks, key=lambda c: next(i for i, cell in enumerate(lab.nb.cells)
+                                              if (cell.metadata.get("grading") or {}).get("id") == c.id))
+    judge_dir = Path(tempfile.mkdtemp(prefix="judge-"))
+    judge = Judge(lab, judge_dir, judge_env(judge_dir, PROJECT_ROOT, runs),
+                  prepare_timeout=_reference_timeout(lab, timeout or lab.cell_timeout or DEFAULT_CELL_TIMEOUT))
+
+    async def prepare() -> None:
+        try:
+            await judge.prepare(last)
+        finally:
+            await judge.stop()
+
+    try:
+        asyncio.run(prepare())
+    finally:
+        shutil.rmtree(judge_dir, ignore_errors=True)
+
+
 def _progress_writer(planned: list[Planned], path: Path | None):
     """``on_step`` for `run_cells`: write "step i/n: what" to `path` (atomically)."""
     def write(index: int) -> None:

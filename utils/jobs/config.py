@@ -7,6 +7,7 @@ ignores unknown top-level keys such as ``pipe_parallel_size`` or ``schedule``. T
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,4 +29,20 @@ def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
         config["scheduler"] = {"type": "WarmupLR", "params": {
             "warmup_min_lr": 0.0, "warmup_max_lr": spec.lr, "warmup_num_steps": spec.lr_warmup_steps,
             "warmup_type": "linear"}}
-    return config
+    if spec.precision != "fp32":
+        config[spec.precision] = {"enabled": True}
+    if spec.zero_stage:
+        config["zero_optimization"] = {"stage": spec.zero_stage}
+    return merged(config, spec.deepspeed_config)
+
+
+def merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s keys set over it, sections merged key by key (so
+    ``{"optimizer": {"params": {"lr": 1e-4}}}`` changes the learning rate and keeps the rest)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -31,12 +31,14 @@ from pathlib import Path
 
 import psutil
 
-from utils.jobs.launchers import RANK_PROGRAM, Launcher, LocalTorchrun
+from utils.jobs.launchers import RANK_PROGRAM, Launcher
+from utils.jobs.multinode import launcher_for
 from utils.jobs.plan import JobPlan, plan_job
 from utils.jobs.progress import ProgressLine
 from utils.jobs.rundir import RunDir, RunState, StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.spec import JobSpec
+from utils.jobs.stacks import main_stack, parse_stacks, request_stacks, stack_summary
 
 POLL_SECONDS = 0.2
 LAUNCHER_GRACE = 10.0
@@ -222,6 +224,9 @@ class RunningJob:
     def _describe_failure(self, errors: list[dict]) -> str:
         """Name the rank that failed first: the others usually fail *because* of it (their
         peer connection closed), so their errors are reported as consequences."""
+        trouble = self.launcher.node_trouble(self.run_dir)
+        if trouble:  # a lost node explains its peers' errors; a missing one, why nothing ran
+            return trouble
         causes = [e for e in errors if not _is_peer_failure(e)]
         if causes:
             return _describe_error(min(causes, key=lambda e: e["time"]), errors)
@@ -253,7 +258,8 @@ class RunningJob:
             after = f" (rank(s) {sorted(reported)} then lost their connection to it)" if reported else ""
             doing = re.sub(r"\s*t=[\d.]+$", "", StatusSlot.read(self.run_dir.status_slot(rank)))
             where = f" while in: {doing}" if doing else ""
-            return (f"rank {rank} (stage {self.spec.stage_of_rank(rank)}) {how}{where}, and no Python error{after}; "
+            return (f"rank {rank} (stage {self.spec.stage_of_rank(rank)}{_node_of(self.run_dir, rank)}) {how}{where}, "
+                    f"and no Python error{after}; "
                     f"the end of its log:\n{_tail(self.run_dir.rank_log(rank))}")
         if errors:
             return _describe_error(min(errors, key=lambda e: e["time"]), errors)
@@ -261,11 +267,14 @@ class RunningJob:
                 f"{RunDir.LAUNCHER_LOG}:\n{_tail(self.run_dir.file(RunDir.LAUNCHER_LOG))}")
 
     def _describe_hang(self) -> str:
-        slow = self._describe_slow()
+        slow = self._describe_slow() or self.launcher.node_trouble(self.run_dir)
         if slow:
             return slow
         now = time.time()
         workers = self.launcher.workers()
+        # Every rank's Python stacks, asked for before the job is stopped (faulthandler, a
+        # signal each rank handles even when blocked in a collective); saved in the run directory.
+        stacks = request_stacks(self.run_dir, workers)
         lines = [f"no progress within timeout={self.spec.timeout:g} s; what each rank was doing when it "
                  "was stopped:"]
         frozen = []
@@ -279,6 +288,12 @@ class RunningJob:
             lines.append(f"  rank {rank} (stage {self.spec.stage_of_rank(rank)}): {status}"
                          + (f" — for {since:.0f} s" if since is not None else "")
                          + f", {done} step(s) done" + (f", process {state}" if state else ""))
+            if rank in stacks:
+                main = main_stack(parse_stacks(stacks[rank]))
+                lines.append("      stack: " + (stack_summary(main.frames) if main else "no answer (stopped?)"))
+        if stacks:
+            lines.append("Every rank's Python stacks are saved in the run directory as stacks-rank<r>.txt; "
+                         "utils.diagnose(run) reads them into a wait-for chain.")
         if frozen:
             lines.append(f"Rank(s) {frozen} are stopped (SIGSTOP, a debugger, or ^Z): they are the stuck ones; "
                          "the others wait for them inside send/recv.")
@@ -314,7 +329,8 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None,
               launcher: Launcher | None = None) -> RunningJob:
     """Plan `spec` (`plan_job`), create its run directory and start its processes."""
     plan = plan_job(spec)
-    launcher = launcher or LocalTorchrun()
+    launcher = launcher or launcher_for(plan)
+    launcher.check(plan)
     others = _other_jobs_running()
     if others:
         plan = replace(plan, notes=(*plan.notes, f"another workbook job is running on this machine "
@@ -325,6 +341,7 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None,
     run_dir.write_plan(plan.to_record())
     command = launcher.command(plan, run_dir)
     run_dir.write_command(command)
+    plan = replace(plan, notes=(*plan.notes, *launcher.notes(plan, run_dir)))
     try:
         launcher.start(plan, run_dir)
         job = RunningJob(plan, run_dir, launcher, command)
@@ -383,6 +400,14 @@ def _describe_error(first: dict, errors: list[dict]) -> str:
     also = f" (then rank(s) {others} failed too)" if others else ""
     return (f"rank {first['rank']} (stage {first['stage']}) raised {first['type']}: {first['message']}{also}\n"
             f"--- end of its traceback ---\n{tail}")
+
+
+def _node_of(run_dir: RunDir, rank: int) -> str:
+    """``", node 1 (127.0.0.2)"`` for a rank of a multi-node job that recorded its placement."""
+    placed, plan = run_dir.placement(rank), run_dir.read_plan() or {}
+    if placed is None or len(plan.get("nodes", ())) < 2:
+        return ""
+    return f", node {placed['node']} ({placed['host']})"
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -1,9 +1,9 @@
 """How a job's rank processes are started, found, stopped and explained when they exit.
 
 `RunningJob` (``utils.jobs.launch``) watches a job through this interface only, so another
-way of starting ranks — DeepSpeed's launcher with a hostfile, torchrun across nodes — is one
-more `Launcher`, not a change to the watcher. Today's launcher is `LocalTorchrun`:
-``torchrun --standalone`` on this machine.
+way of starting ranks is one more `Launcher`, not a change to the watcher: `LocalTorchrun`
+(``torchrun --standalone`` on this machine) here, torchrun agents per node and DeepSpeed's
+runner in `utils.jobs.multinode`.
 
 What a launch hands its ranks besides the run directory is part of the run-directory
 contract (`utils.jobs.rundir`): the launching process's pid and start time (the ranks exit when
@@ -79,6 +79,18 @@ class Launcher(ABC):
         """Names of the ops the ranks are compiling now (for the progress line); none by default."""
         return []
 
+    def check(self, plan: JobPlan) -> None:
+        """Raise ValueError, saying what to change, when this launcher cannot start `plan`
+        from here; called before the run directory exists."""
+
+    def notes(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
+        """What the learner must know or do for this launch (a node to start by hand)."""
+        return []
+
+    def node_trouble(self, run_dir: RunDir) -> str | None:
+        """A node lost or never joined, which explains every rank's failure; None by default."""
+        return None
+
     @abstractmethod
     def command(self, plan: JobPlan, run_dir: RunDir) -> str:
         """The shell command that runs the job by hand (saved as ``command.txt``)."""
@@ -116,20 +128,30 @@ TORCHRUN_ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
 class LocalTorchrun(Launcher):
-    """``torchrun --standalone --nproc-per-node=N -m utils.runtime.rank RUN_DIR`` on this machine."""
+    """``torchrun --standalone --nproc-per-node=N -m utils.runtime.rank RUN_DIR`` on this machine.
+
+    It watches its processes as *agents* (node index -> process): here one, torchrun on
+    node 0; `utils.jobs.multinode` starts one agent per node, or DeepSpeed's runner, through
+    the same bookkeeping.
+    """
 
     name = "torchrun"
 
     def __init__(self):
-        self.process: subprocess.Popen | None = None
+        self.agents: dict[int, subprocess.Popen] = {}
+        """Node index -> the agent process this launcher started for it."""
         self.extensions_dir: Path | None = None
         """Where the ranks JIT-build DeepSpeed's ops (known once started)."""
         self._temp: Path | None = None
         self._seen: dict[int, psutil.Process] = {}
+        self._ranks_of: dict[int, set[int]] = {}
+        """Node index -> the ranks ever seen under its agent."""
+        self.token = secrets.token_hex(16)
+        """This launch's token (`utils.jobs.rundir.RUN_TOKEN_ENV`)."""
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+        return next((p.pid for p in self.agents.values()), None)
 
     def _args(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         return ["--standalone", f"--nproc-per-node={plan.spec.world_size}", "-m", RANK_PROGRAM,
@@ -163,10 +185,15 @@ class LocalTorchrun(Launcher):
         without it a terminal run would compile it again, for minutes) in any POSIX shell.
         Run so, rank 0 prints its phases and steps to the terminal (`utils.runtime.rank`).
         """
+        return self.shell_line(plan, self.argv(plan, run_dir))
+
+    def shell_line(self, plan: JobPlan, argv: list[str], extra: dict[str, str] | None = None) -> str:
+        """``cd PROJECT && env K=V ... ARGV``: `argv` as a terminal runs it, with the launch
+        environment a pasted command must repeat (`SHOWN_ENVIRONMENT`) and `extra`."""
         env = self.environment(plan)
         shown = [f"{k}={env[k]}" for k in SHOWN_ENVIRONMENT if k in env]
-        argv = ["env", *shown, *self.argv(plan, run_dir)]
-        return f"cd {shlex.quote(str(PROJECT_ROOT))} && {shlex.join(argv)}"
+        shown += [f"{k}={v}" for k, v in (extra or {}).items()]
+        return f"cd {shlex.quote(str(PROJECT_ROOT))} && {shlex.join(['env', *shown, *argv])}"
 
     def argv(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         """The launcher's argument vector: this interpreter running torchrun's module."""
@@ -191,28 +218,34 @@ class LocalTorchrun(Launcher):
         return found
 
     def start(self, plan: JobPlan, run_dir: RunDir) -> None:
+        self.spawn(0, self.argv(plan, run_dir), self.prepare(plan, run_dir), run_dir.launcher_log())
+
+    def prepare(self, plan: JobPlan, run_dir: RunDir) -> dict[str, str]:
+        """What every start needs once: the launch environment with a fresh launch token,
+        TMPDIR inside the run directory (torchrun's ``torchelastic_*`` folders and the ranks'
+        temporary files go with `stop`), and no stale JIT build lock."""
         env = self.environment(plan)
         self.extensions_dir = Path(env["TORCH_EXTENSIONS_DIR"])
-        # torchrun's log folders (torchelastic_*) and the ranks' temporary files live in the
-        # run directory while the job runs, and go with `stop`.
         self._temp = run_dir.file(RunDir.TEMP)
         self._temp.mkdir(exist_ok=True)
         env["TMPDIR"] = str(self._temp)
-        token = secrets.token_hex(16)
-        run_dir.file(RunDir.LAUNCH_TOKEN).write_text(token, encoding="utf-8")
-        env[RUN_TOKEN_ENV] = token
-        with open(run_dir.file(RunDir.LAUNCHER_LOG), "ab") as log:
-            # A lock left by a build that was stopped midway makes every rank wait forever.
-            removed = remove_stale_build_locks(self.extensions_dir)
-            if removed:
+        run_dir.file(RunDir.LAUNCH_TOKEN).write_text(self.token, encoding="utf-8")
+        env[RUN_TOKEN_ENV] = self.token
+        # A lock left by a build that was stopped midway makes every rank wait forever.
+        removed = remove_stale_build_locks(self.extensions_dir)
+        if removed:
+            with open(run_dir.launcher_log(), "ab") as log:
                 log.write(f"[workbook] removed stale JIT build lock(s) that no live process held "
                           f"(left by a build that was stopped midway): "
                           f"{', '.join(map(str, removed))}\n".encode())
-                log.flush()  # before torchrun writes to the same file
-            self.process = subprocess.Popen(
-                self.argv(plan, run_dir),
-                cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+        return env
+
+    def spawn(self, node: int, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        """Start `argv` as node `node`'s agent, in a session of its own, output to `log_path`."""
+        with open(log_path, "ab") as log:
+            self.agents[node] = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=env, stdout=log,
+                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 start_new_session=True)
 
     def blocking_build_locks(self) -> str | None:
         """A sentence naming each JIT build lock present now and who holds it, or None.
@@ -241,35 +274,37 @@ class LocalTorchrun(Launcher):
         return " ".join(sentences)
 
     def workers(self) -> dict[int, psutil.Process]:
-        found = self._seen = {**self._seen, **self._children()}
-        return {rank: proc for rank, proc in found.items() if proc.is_running()}
+        for node, agent in self.agents.items():
+            found = _ranks_below(agent.pid)
+            self._ranks_of.setdefault(node, set()).update(found)
+            self._seen.update(found)
+        return {rank: proc for rank, proc in self._seen.items() if proc.is_running()}
 
-    def _children(self) -> dict[int, psutil.Process]:
-        found = {}
-        try:
-            for child in psutil.Process(self.process.pid).children():
-                try:
-                    rank = child.environ().get("RANK")
-                except psutil.Error:
-                    continue
-                if rank is not None:
-                    found[int(rank)] = child
-        except (psutil.Error, ValueError):
-            pass
-        return found
+    def ranks_seen(self, node: int) -> set[int]:
+        """The ranks ever seen running under node `node`'s agent (as of the last `workers`)."""
+        return set(self._ranks_of.get(node, ()))
 
     def returncode(self) -> int | None:
-        return self.process.poll()
+        """None while the agents run; the first failing agent's code as soon as one fails
+        (the job is over: its ranks lost a peer); 0 once every agent exited cleanly."""
+        codes = [agent.poll() for agent in self.agents.values()]
+        failed = [code for code in codes if code not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in codes or not codes else 0
 
     def wait(self, timeout: float) -> None:
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        deadline = time.monotonic() + timeout
+        for agent in self.agents.values():
+            try:
+                agent.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
 
     def stop(self, grace: float = 3.0) -> None:
-        end_process_tree(self.process.pid, grace=grace)
-        # Ranks seen earlier whose torchrun is already gone (killed) are no longer its
+        for agent in self.agents.values():
+            end_process_tree(agent.pid, grace=grace)
+        # Ranks seen earlier whose agent is already gone (killed) are no longer its
         # children: end them by the handles kept (psutil checks they are the same processes).
         end_process_tree([p for p in self._seen.values() if p.is_running()], grace=grace)
         self.wait(grace)
@@ -277,9 +312,39 @@ class LocalTorchrun(Launcher):
             shutil.rmtree(self._temp, ignore_errors=True)
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
-        log = run_dir.file(RunDir.LAUNCHER_LOG).read_text(errors="replace") \
-            if run_dir.file(RunDir.LAUNCHER_LOG).exists() else ""
-        codes = {int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)}
-        _, _, root_cause = log.partition(TORCHRUN_ROOT_CAUSE)
-        return ExitReport(exit_codes=codes,
-                          first_failed=tuple(int(r) for r, _ in TORCHRUN_FAILURE.findall(root_cause)))
+        return torchrun_report(read_log(run_dir.launcher_log()))
+
+
+def torchrun_report(log: str) -> ExitReport:
+    """The failed ranks' exit codes and the root cause, from torchrun's closing summary."""
+    _, _, root_cause = log.partition(TORCHRUN_ROOT_CAUSE)
+    return ExitReport(exit_codes={int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)},
+                      first_failed=tuple(int(r) for r, _ in TORCHRUN_FAILURE.findall(root_cause)))
+
+
+def read_log(path: Path) -> str:
+    """A launcher log's text so far ("" while it does not exist yet)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ranks_below(pid: int) -> dict[int, psutil.Process]:
+    """Rank -> process for the rank processes below `pid` at any depth (torchrun's workers
+    are its children, DeepSpeed's runner's are grandchildren). A rank's own children (a JIT
+    compiler) inherit its RANK variable, so the highest process carrying a rank is the rank."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return found
+    for proc in below:
+        try:
+            rank = proc.environ().get("RANK")
+            parent_rank = proc.parent().environ().get("RANK") if proc.ppid() != pid else None
+        except (psutil.Error, AttributeError):
+            continue
+        if rank is not None and rank != parent_rank:
+            found[int(rank)] = proc
+    return found

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from utils.jobs.config import deepspeed_config
+from utils.jobs.hosts import Node, is_local_host, job_nodes
 from utils.jobs.spec import JobSpec
 from utils.planning.partitioning import partition_layers, stage_costs
 from utils.profiling.profile import LayerProfile, profile_layers
@@ -49,6 +50,9 @@ class JobPlan:
     """Torch threads per rank on CPU (`utils.system.cpu.rank_threads`); None on GPU."""
     notes: tuple[str, ...] = ()
     """Things the learner should know about this run's timings."""
+    nodes: tuple[Node, ...] = ()
+    """The machines the ranks run on, numbered as the launcher numbers them (`utils.jobs.hosts`);
+    one ``localhost`` node for a job on this machine."""
 
     @property
     def predicted_stage_costs(self) -> list[float] | None:
@@ -76,7 +80,8 @@ class JobPlan:
     def to_record(self) -> dict[str, Any]:
         """``plan.json``: read by every rank (device, boundaries) and by `Run`."""
         return {"device": self.device, "threads": self.threads, "notes": list(self.notes),
-                "partition": self.partition_record()}
+                "partition": self.partition_record(), "launcher": self.spec.launcher,
+                "nodes": [{"index": n.index, "host": n.host, "ranks": list(n.ranks)} for n in self.nodes]}
 
 
 def plan_job(spec: JobSpec) -> JobPlan:
@@ -88,21 +93,25 @@ def plan_job(spec: JobSpec) -> JobPlan:
     """
     spec.check()
     model = get_model(spec.model, spec.model_options)
-    device = resolve_device(spec.device, ranks=spec.world_size)
+    nodes = job_nodes(spec)
+    # The ranks this machine runs: every loopback "node" shares it; a real node runs its slots.
+    here = sum(n.slots for n in nodes if is_local_host(n.host)) or max(n.slots for n in nodes)
+    device = resolve_device(spec.device, ranks=here)
     notes = []
     if device == "cuda":
         import torch
 
         available = torch.cuda.device_count()
-        if spec.world_size > available:
-            raise ValueError(f"the job needs {spec.world_size} GPUs (num_stages × data_parallel) but "
-                             f"{available} are visible; use fewer stages or device='cpu'")
+        if here > available:
+            raise ValueError(f"the job needs {here} GPUs on this machine (num_stages × data_parallel "
+                             f"over its nodes) but {available} are visible; use fewer stages or device='cpu'")
     elif spec.device == "auto" and _gpu_count() > 0:
-        notes.append(f"device='auto' runs on CPU: {spec.world_size} ranks need as many GPUs, "
+        notes.append(f"device='auto' runs on CPU: {here} ranks need as many GPUs, "
                      f"{_gpu_count()} are visible")
+    notes += _lint(spec, device)
     cores = len(os.sched_getaffinity(0))
-    if device == "cpu" and spec.world_size > cores:
-        notes.append(f"{spec.world_size} ranks share {cores} CPU cores: timings include contention "
+    if device == "cpu" and here > cores:
+        notes.append(f"{here} ranks share {cores} CPU cores: timings include contention "
                      "between stages, not only their work")
     if spec.partition == "profile":
         profile = profile_for_job(spec, device=device)
@@ -111,7 +120,25 @@ def plan_job(spec: JobSpec) -> JobPlan:
     return JobPlan(spec=spec, model=model, device=device, profile=profile,
                    boundaries=tuple(plan_boundaries(spec, model, profile)),
                    method=spec.partition if isinstance(spec.partition, str) else "explicit",
-                   threads=rank_threads(spec.world_size) if device == "cpu" else None, notes=tuple(notes))
+                   threads=rank_threads(here) if device == "cpu" else None, notes=tuple(notes), nodes=nodes)
+
+
+def _lint(spec: JobSpec, device: str) -> list[str]:
+    """The linter's findings on the job's DeepSpeed config, as notes; its errors (and fp16 on
+    a CPU, which DeepSpeed's CPU accelerator does not support) raise ValueError before
+    launch unless ``spec.strict`` is False."""
+    from utils.jobs.configlint import Finding
+
+    findings = spec.lint()
+    if spec.precision == "fp16" and device == "cpu":
+        findings.append(Finding("fp16", "error", "DeepSpeed's CPU accelerator has no fp16 training "
+                                "(is_fp16_supported() is False).", "use precision='bf16' on CPU, or run on a GPU"))
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and spec.strict:
+        raise ValueError("the job's DeepSpeed config would not run as written:\n" +
+                         "\n".join(f"  {f}" for f in errors) +
+                         "\n(strict=False launches anyway, to see DeepSpeed's own error)")
+    return [f"config {f}" for f in findings]
 
 
 def plan_boundaries(spec: JobSpec, model: Model, profile: LayerProfile | None) -> list[int]:

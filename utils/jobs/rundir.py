@@ -18,7 +18,10 @@ One class owns every file name, so no other module spells one out. Layout of
                                 ``restart.json`` (from which step, at which boundaries)
 - ``command.txt``               the command that runs the job by hand
 - ``status.json``               state, error, start and end, launcher pid, notes
-- ``launcher.log``              what the launcher (torchrun) printed
+- ``launcher.log``              what the launcher (torchrun, DeepSpeed's runner) printed;
+                                a multi-node torchrun job has one ``launcher-node{i}.log`` per
+                                node started here (that node's agent)
+- ``hostfile``                  DeepSpeed-launcher jobs: the hostfile its runner reads
 - ``launch-token``              the token of the launch that owns this directory: ranks record
                                 here only when they carry the same token (``command.txt`` run by
                                 hand records into a new ``<name>-rerun-<id>`` sibling instead)
@@ -28,8 +31,13 @@ One class owns every file name, so no other module spells one out. Layout of
   instruction it executes now), ``events-rank{r}.jsonl`` (traced instructions),
   ``progress-rank{r}.jsonl`` (step, loss, seconds), ``layer-costs-rank{r}.jsonl`` (per-layer
   forward and backward seconds a re-balancing job measured in each step),
+  ``memory-rank{r}.jsonl`` (per step: bytes in use as it started, after every traced
+  instruction, and the peak; `utils.runtime.memory`),
+  ``node-rank{r}.json`` (where it ran: node index, host, local rank, pid; written at start),
   ``result-rank{r}.json`` on success,
-  ``error-rank{r}.json`` on failure
+  ``error-rank{r}.json`` on failure,
+  ``stacks-rank{r}.txt`` (every thread's Python stack, written by the rank's ``faulthandler``
+  each time it gets `STACK_SIGNAL`: the launcher asks for them when a job hangs)
 
 Only the launcher writes ``state: "succeeded"``, and only after every rank wrote its result
 and the launcher process exited 0; a run whose launcher vanished reads back as
@@ -43,6 +51,7 @@ import mmap
 import os
 import re
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +68,14 @@ LAUNCHER_PID_ENV = "WORKBOOK_LAUNCHER_PID"
 """Pid of the process that launched the job (the notebook); ranks exit when it is gone."""
 LAUNCHER_CREATED_ENV = "WORKBOOK_LAUNCHER_CREATED"
 """Its `psutil.Process.create_time`, so that a reused pid is not taken for it."""
+NODE_HOST_ENV = "WORKBOOK_NODE_HOST"
+"""The host name the launcher gave the rank's node (a loopback address when two "nodes" share
+one machine, whose host name is then the same for both)."""
 RUN_TOKEN_ENV = "WORKBOOK_RUN_TOKEN"
 """This launch's token; the run directory belongs to the launch whose token it holds."""
+STACK_SIGNAL = signal.SIGUSR1
+"""The signal that makes a rank write its stacks (``faulthandler``) into its stacks file; a
+rank whose stacks file does not exist yet has no handler, and the signal would end it."""
 
 
 def runs_dir() -> Path:
@@ -131,6 +146,22 @@ class RunDir:
     def layer_costs(self, rank: int) -> list[dict]:
         return read_jsonl(self.layer_costs_file(rank))
 
+    def memory_file(self, rank: int) -> Path:
+        return self.path / f"memory-rank{rank}.jsonl"
+
+    def memory(self, rank: int) -> list[dict]:
+        return read_jsonl(self.memory_file(rank))
+
+    def stacks_file(self, rank: int) -> Path:
+        return self.path / f"stacks-rank{rank}.txt"
+
+    def stacks(self, rank: int) -> str:
+        """What the rank's stack dumps wrote ("" when it never dumped)."""
+        try:
+            return self.stacks_file(rank).read_text(errors="replace")
+        except OSError:
+            return ""
+
     def result_file(self, rank: int) -> Path:
         return self.path / f"result-rank{rank}.json"
 
@@ -154,6 +185,23 @@ class RunDir:
 
     def read_events(self, rank: int) -> list[dict]:
         return read_jsonl(self.events(rank))
+
+    def placement_file(self, rank: int) -> Path:
+        return self.path / f"node-rank{rank}.json"
+
+    def write_placement(self, rank: int, data: dict) -> None:
+        write_json(self.placement_file(rank), data)
+
+    def placement(self, rank: int) -> dict | None:
+        """Where the rank ran (``node``, ``host``, ``hostname``, ``local_rank``, ``pid``), as it
+        recorded at start; None for a rank that never started."""
+        data = read_json(self.placement_file(rank))
+        return data if isinstance(data, dict) else None
+
+    def launcher_log(self, node: int | None = None) -> Path:
+        """What the launcher printed: ``launcher.log``, or for one node of a multi-node
+        torchrun job ``launcher-node{node}.log`` (its agent's output)."""
+        return self.file(self.LAUNCHER_LOG if node is None else f"launcher-node{node}.log")
 
     # --- job-wide records ----------------------------------------------------------------------
     def read_spec(self) -> dict | None:

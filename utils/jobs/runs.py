@@ -50,7 +50,7 @@ class Run:
             raise ValueError(f"{run_dir.path}: its {RunDir.SPEC} cannot be read by this version of the "
                              f"workbook ({exc}); it was written by another version or edited by hand") from None
         status = run_dir.read_status()
-        state = status.get("state", "incomplete")
+        state = status.get("state") or _unwatched_state(run_dir, spec)
         if state == "running" and not pid_alive(status.get("launcher_pid")):
             state = "incomplete"
         return cls(path=run_dir.path, spec=spec, state=state, command=run_dir.command(),
@@ -91,7 +91,20 @@ class Run:
                         meta={"schedule": spec.schedule, "parts": self.parts, "run": str(self.path),
                               "partitions": [(c.step, list(c.boundaries)) for c in self.partitions],
                               **({"micro_batch_tokens": self.micro_batch_tokens} if self.micro_batch_tokens else {}),
+                              **({"nodes": self.nodes} if len(set(self.nodes.values())) > 1 else {}),
                               "device": self.device})
+
+    @cached_property
+    def placement(self) -> dict[int, dict]:
+        """Where each rank ran, as it recorded at start: ``node`` (the launcher's node index),
+        ``host``, ``hostname``, ``local_rank``, ``pid``. Ranks that never started are absent."""
+        found = {r: self.run_dir.placement(r) for r in self.ranks}
+        return {r: data for r, data in found.items() if data is not None}
+
+    @property
+    def nodes(self) -> dict[int, int]:
+        """Rank -> the node it ran on (from `placement`)."""
+        return {r: int(p["node"]) for r, p in self.placement.items()}
 
     def progress(self, rank: int = 0) -> list[dict]:
         """The per-step lines (step, loss, seconds) one rank wrote."""
@@ -207,6 +220,46 @@ class Run:
             peaks[data["stage"]] = max(peaks.get(data["stage"], 0), data["peak_memory_bytes"])
         return dict(sorted(peaks.items()))
 
+    @cached_property
+    def memory(self) -> dict[int, list[dict]]:
+        """Per rank, one row per step: bytes in use as the step started (``base``), after each
+        traced instruction (``after``, in the order of that rank's events of the step) and the
+        step's ``peak``, with the reader's ``kind`` (`utils.runtime.memory`). A rank's list is
+        empty where its device has no reader."""
+        return {rank: self.run_dir.memory(rank) for rank in self.ranks}
+
+    @property
+    def step_memory(self) -> dict[int, int]:
+        """Per stage, the bytes a training step adds on top of what the stage holds between
+        steps (``peak - base``: activations in flight, gradients, received tensors): over the
+        steps after the first (which also allocates the optimizer state once), the median, the
+        higher middle value for an even count (with 2 such steps: the larger), of the largest
+        replica. Empty when nothing was measured."""
+        found: dict[int, int] = {}
+        for rank, rows in self.memory.items():
+            if not rows or rank not in self.results:
+                continue
+            rows = rows[1:] or rows
+            added = sorted(row["peak"] - row["base"] for row in rows)
+            stage = self.results[rank]["stage"]
+            found[stage] = max(found.get(stage, 0), added[len(added) // 2])
+        return dict(sorted(found.items()))
+
+    def memory_trace(self, step: int) -> dict[int, list[tuple[float, int]]]:
+        """Per rank, ``(time, bytes above the step's start)`` from the step's first instruction
+        and after each traced instruction of `step` (time on the run's timeline): the memory
+        curve of every rank through one step, ready for `utils.plot_memory`."""
+        curves = {}
+        for rank, rows in self.memory.items():
+            row = next((r for r in rows if r["step"] == step), None)
+            events = sorted((e for e in self.timeline.events if e.rank == rank and e.step == step
+                             and e.kind != "repartition"), key=lambda e: e.start)
+            if row is None or not events:
+                continue
+            curves[rank] = [(events[0].start, 0)] + [(e.end, used - row["base"])
+                                                     for e, used in zip(events, row["after"])]
+        return curves
+
     @property
     def memory_kind(self) -> str | None:
         """``cuda_max_memory_allocated`` on GPU, ``cpu_max_rss`` (whole process) on CPU."""
@@ -224,6 +277,18 @@ class Run:
     def __repr__(self) -> str:
         return (f"Run({self.name!r}, state={self.state!r}, stages={self.spec.num_stages}, "
                 f"micro_batches={self.spec.micro_batches}, steps={len(self.losses)}/{self.spec.steps})")
+
+
+def _unwatched_state(run_dir: RunDir, spec: JobSpec) -> RunState:
+    """The state of a run no launcher watched (prepared commands, a SLURM script), which has
+    no status record: what its ranks wrote says it. Succeeded once every rank wrote its
+    result, failed once one wrote an error, else incomplete (still running, or killed)."""
+    ranks = range(spec.world_size)
+    if any(run_dir.error_file(r).exists() for r in ranks):
+        return "failed"
+    if all(run_dir.result_file(r).exists() for r in ranks):
+        return "succeeded"
+    return "incomplete"
 
 
 def list_runs(directory: str | Path | None = None) -> list[Run]:

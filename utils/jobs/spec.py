@@ -14,16 +14,21 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from utils import validation
-from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, RepartitionMode, check_batching, check_dynamic,
-                                    count as _count, is_sequence as _is_sequence)
+from utils.jobs.fault import Fault, check_fault
+from utils.jobs.hosts import LauncherName, check_nodes
+from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, Precision, RepartitionMode, check_batching,
+                                    check_config, check_dynamic, count as _count,
+                                    is_sequence as _is_sequence)
 from utils.planning.microbatching import Batching, MicroBatchOrder, MicroBatchPolicy
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
-from utils.timeline import INSTRUCTION_KINDS, InstructionKind
 from utils.workloads.models import get_model
+
+if TYPE_CHECKING:
+    from utils.jobs.configlint import Finding
 
 JobSchedule = Literal["1f1b", "gpipe"]
 """Schedules a job runs on DeepSpeed: ``"1f1b"`` is DeepSpeed's own `TrainSchedule`;
@@ -33,42 +38,16 @@ PartitionMethod = Literal["uniform", "parameters", "profile"]
 """Partition methods by name: DeepSpeed's ``uniform`` and ``parameters``, and ``profile``
 (measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
 DeepSpeed's ``type:REGEX`` is left out on purpose (see `utils.jobs.plan.plan_boundaries`)."""
-FaultKind = Literal["raise", "hang", "exit", "killed"]
 
 JOB_SCHEDULES: tuple[str, ...] = get_args(JobSchedule)
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
-FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
-FAULT_POINTS: tuple[str, ...] = (*INSTRUCTION_KINDS, "repartition")
-"""Where a `Fault` may strike: at the start of an instruction, or inside a live re-partition."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fault:
-    """A failure injected on purpose, to practise troubleshooting (and to test that the
-    launcher copes): the first rank of `stage` fails when it starts `instruction` in `step`."""
-
-    kind: FaultKind = "raise"
-    """``"raise"``: an exception; ``"hang"``: sleep forever; ``"exit"``: the process dies
-    (exit code 3); ``"killed"``: the process is killed by SIGKILL, as the kernel's
-    out-of-memory killer does."""
-    stage: int = 0
-    """Pipeline stage whose first rank fails."""
-    step: int = 0
-    """Training step in which it fails."""
-    instruction: InstructionKind | Literal["repartition"] = "forward"
-    """Instruction kind at whose start it fails (see `utils.timeline.INSTRUCTION_KINDS`), or
-    ``"repartition"``: in the middle of the live re-partition before `step` (after the new
-    engine is built, before the layers' state has moved), which must then be a step of
-    `JobSpec.repartition_at`."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """One real DeepSpeed pipeline job: model, parallelism, batch, schedule and limits."""
 
     model: str = "gpt"
-    """Model preset (see `utils.workloads.models.PRESETS`): ``"gpt"``, ``"gpt-large"``, ``"mlp"``."""
+    """Model preset (see `utils.workloads.models.PRESETS`): ``"gpt"``, ``"gpt-large"``, ``"mlp"``, ``"seed-case"``."""
     model_options: Mapping[str, int] = field(default_factory=dict)
     """Overrides of the preset's sizes, e.g. ``{"blocks": 10, "vocab": 16384}``."""
     num_stages: int = 2
@@ -109,6 +88,41 @@ class JobSpec:
     fault: Fault | None = None
     """Inject a failure (teaching and tests); None for a normal run."""
 
+    # --- where the ranks run: nodes and the launcher (`utils.jobs.hosts`) --------------------------
+    hosts: Sequence[str] = ()
+    """Nodes to spread the ranks over, world_size / len(hosts) each: real hosts, or loopback
+    addresses (``["127.0.0.1", "127.0.0.2"]``: two nodes on this machine). Empty: this
+    machine alone (``torchrun --standalone``)."""
+    hostfile: str | None = None
+    """Instead of hosts: the path of a DeepSpeed hostfile (one ``HOST slots=N`` per line)."""
+    launcher: LauncherName = "torchrun"
+    """``"torchrun"``: one torchrun agent per node, meeting in a c10d rendezvous on node 0;
+    ``"deepspeed"``: DeepSpeed's runner (``deepspeed --hostfile``), which reaches other hosts
+    through pdsh and ssh."""
+    join_timeout: float = 60.0
+    """Seconds every node has to join the job (torchrun's rendezvous ``join_timeout``, at most
+    `timeout`: `join_limit`); a node that never joins ends the job with an error naming it."""
+
+    # --- configuration: precision, ZeRO, activation checkpointing, raw DeepSpeed keys ------------
+    precision: Precision = "fp32"
+    """``"fp32"``; ``"bf16"`` (DeepSpeed's ``bf16`` section: bf16 weights and activations, fp32
+    master weights in the optimizer); ``"fp16"`` (``fp16`` with dynamic loss scaling; DeepSpeed
+    supports it on CUDA only)."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (``zero_optimization.stage``). Pipelines accept 0 and 1 (optimizer
+    state sharded over the data-parallel replicas); DeepSpeed rejects 2 and 3 with pipeline
+    parallelism."""
+    activation_checkpoint_interval: int = 0
+    """``PipelineModule(activation_checkpoint_interval=k)``: keep only every k-th layer's input
+    during the forward and recompute the rest in the backward; 0: keep every activation."""
+    deepspeed_config: Mapping[str, Any] = field(default_factory=dict)
+    """Extra DeepSpeed config keys, merged over the config the spec generates (section by
+    section), e.g. ``{"gradient_clipping": 0.0}``. The merged config is linted before launch
+    (`utils.jobs.configlint.lint_config`): errors stop the job, warnings become notes."""
+    strict: bool = True
+    """False launches even when the linter finds errors, so that a chapter can show DeepSpeed's
+    own error message (the job then fails inside its ranks)."""
+
     # --- the dynamic half: what changes while the job runs -------------------------------------
     repartition_at: Mapping[int, Sequence[int]] = field(default_factory=dict)
     """Forced re-partitions (teaching and tests): ``{step: boundaries}`` moves the running job
@@ -121,7 +135,11 @@ class JobSpec:
     repartition_optimizer: OptimizerCarry = "remap"
     """``"remap"``: each layer's Adam moments and step count go with it. ``"drop"``: moved
     and kept layers alike start from fresh optimizer state after a re-partition, as when a
-    checkpoint is loaded without its optimizer: there to show what carrying it is worth."""
+    checkpoint is loaded without its optimizer: there to show what carrying it is worth.
+    ``"deepspeed"`` (restart mode only): DeepSpeed's own ``load_checkpoint`` loads each stage's
+    saved optimizer state into the stage of the same number, pairing its flat list by
+    position: a size error where a stage's parameter count changed, another layer's moments
+    without a word where it did not (the pitfall `remap` avoids)."""
     rebalance: Rebalance | None = None
     """Let the job re-partition itself: measure per-layer cost while it trains and move to the
     exact min-max partition when the predicted saving pays for the move (see
@@ -166,6 +184,8 @@ class JobSpec:
             object.__setattr__(self, name, _plain_int(getattr(self, name)))
         if not isinstance(self.partition, str) and hasattr(self.partition, "__iter__"):  # list, array
             object.__setattr__(self, "partition", tuple(_plain_int(b) for b in self.partition))
+        if isinstance(self.hosts, list):
+            object.__setattr__(self, "hosts", tuple(self.hosts))
         if isinstance(self.model_options, Mapping):
             object.__setattr__(self, "model_options", {k: _plain_int(v) for k, v in self.model_options.items()})
         # Step-keyed maps come back from JSON with string keys; boundaries as tuples (comparable).
@@ -186,6 +206,12 @@ class JobSpec:
     @property
     def global_batch(self) -> int:
         return self.micro_batch_size * self.micro_batches * self.data_parallel
+
+    @property
+    def join_limit(self) -> int:
+        """Whole seconds the nodes have to join: `join_timeout`, at most `timeout` (torchrun
+        reads an integer)."""
+        return max(1, math.ceil(min(self.join_timeout, self.timeout)))
 
     def stage_of_rank(self, rank: int) -> int:
         """DeepSpeed's stage-major layout: rank = stage × data_parallel + replica."""
@@ -248,26 +274,25 @@ class JobSpec:
             raise TypeError(f"name must be a string, got {self.name!r}")
         check_dynamic(self, n)
         check_batching(self)
+        check_config(self)
         if self.fault is not None:
-            self._check_fault()
+            check_fault(self)
+        check_nodes(self)
 
-    def _check_fault(self) -> None:
-        f = self.fault
-        if not isinstance(f, Fault):
-            raise TypeError(f"fault must be a utils.Fault(...) or None, got {f!r}")
-        if f.kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {f.kind!r}; choose one of {FAULT_KINDS}")
-        _count("fault.stage", f.stage, minimum=0)
-        _count("fault.step", f.step, minimum=0)
-        if not 0 <= f.stage < self.num_stages:
-            raise ValueError(f"fault stage {f.stage} is outside 0..{self.num_stages - 1}")
-        if not 0 <= f.step < self.steps:
-            raise ValueError(f"fault step {f.step} is outside 0..{self.steps - 1}")
-        if f.instruction not in FAULT_POINTS:
-            raise ValueError(f"unknown fault instruction {f.instruction!r}; choose one of {FAULT_POINTS}")
-        if f.instruction == "repartition" and (f.step not in self.repartition_at or self.repartition_mode != "live"):
-            raise ValueError(f"a fault in 'repartition' at step {f.step} needs a live re-partition at that step: "
-                             f"add repartition_at={{{f.step}: [...]}} (steps given: {sorted(self.repartition_at)})")
+    def lint(self) -> list[Finding]:
+        """`lint_config`'s findings on the DeepSpeed config this spec runs with
+        (`utils.jobs.config.deepspeed_config`, `deepspeed_config` merged in)."""
+        from utils.jobs.config import deepspeed_config
+        from utils.jobs.configlint import lint_config
+
+        return lint_config(deepspeed_config(self), data_parallel=self.data_parallel, num_stages=self.num_stages)
+
+    def commands(self, *, directory=None):
+        """Prepare this job to run outside the notebook: its run directory, every node's
+        command and a SLURM script (`utils.jobs.commands.prepare_job`; print the result)."""
+        from utils.jobs.commands import prepare_job
+
+        return prepare_job(self, directory=directory)
 
     # --- persistence --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -275,6 +300,7 @@ class JobSpec:
         if not isinstance(self.partition, str):
             data["partition"] = list(self.partition)
         data["repartition_at"] = {step: list(b) for step, b in self.repartition_at.items()}
+        data["hosts"] = list(self.hosts)
         if self.lengths is not None:
             data["lengths"] = list(self.lengths)
         if self.rebalance is not None:
@@ -355,7 +381,8 @@ def _say_fixes(spec: JobSpec, fixes: list[dict[str, int | None]]) -> str:
 
 
 _COUNT_FIELDS = ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps")
-_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "seed", "lr_warmup_steps")
+_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "seed", "lr_warmup_steps", "zero_stage",
+                   "activation_checkpoint_interval")
 
 
 def _plain_int(value):

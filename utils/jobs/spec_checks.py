@@ -4,6 +4,7 @@ says what to change, before any process starts. `JobSpec.check` calls them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Literal, get_args
 
@@ -14,13 +15,16 @@ from utils.workloads.models import get_model
 
 RepartitionMode = Literal["live", "restart"]
 """How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
-OptimizerCarry = Literal["remap", "drop"]
+OptimizerCarry = Literal["remap", "drop", "deepspeed"]
 """What a re-partition does with the optimizer state (`JobSpec.repartition_optimizer`)."""
 LossNormalisation = Literal["token", "micro-batch"]
 """What a variable-length job's loss is the mean over (`JobSpec.loss_per`)."""
+Precision = Literal["fp32", "bf16", "fp16"]
+"""Number format of weights and activations (`JobSpec.precision`)."""
 REPARTITION_MODES: tuple[str, ...] = get_args(RepartitionMode)
 OPTIMIZER_CARRIES: tuple[str, ...] = get_args(OptimizerCarry)
 LOSS_NORMALISATIONS: tuple[str, ...] = get_args(LossNormalisation)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def check_dynamic(spec, n_layers: int) -> None:
@@ -41,6 +45,9 @@ def check_dynamic(spec, n_layers: int) -> None:
     if spec.repartition_optimizer not in OPTIMIZER_CARRIES:
         raise ValueError(f"unknown repartition_optimizer {spec.repartition_optimizer!r}; "
                          f"choose one of {OPTIMIZER_CARRIES}")
+    if spec.repartition_optimizer == "deepspeed" and spec.repartition_mode != "restart":
+        raise ValueError("repartition_optimizer='deepspeed' (DeepSpeed's own optimizer loader) happens on a "
+                         "checkpoint reload: set repartition_mode='restart', or carry the state with 'remap'")
     if spec.rebalance is not None:
         if not isinstance(spec.rebalance, Rebalance):
             raise TypeError(f"rebalance must be a utils.Rebalance(...) or None, got {spec.rebalance!r}")
@@ -136,6 +143,26 @@ def check_batching(spec) -> None:
         if samples % m:
             raise ValueError(f"micro_batches_at[{step}]={m} does not divide the {samples} samples of a "
                              f"step (micro_batch_size × micro_batches): use a divisor of {samples}")
+
+
+def check_config(spec) -> None:
+    """The configuration fields' types and ranges. What DeepSpeed makes of them together
+    (ZeRO stage with a pipeline, precision on the device) is `lint_config`'s, in `plan_job`."""
+    if spec.precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {spec.precision!r}; choose one of {PRECISIONS}")
+    count("zero_stage", spec.zero_stage, minimum=0)
+    if spec.zero_stage > 3:
+        raise ValueError(f"zero_stage={spec.zero_stage}: ZeRO has stages 0 to 3 (pipelines accept 0 and 1)")
+    count("activation_checkpoint_interval", spec.activation_checkpoint_interval, minimum=0)
+    config = spec.deepspeed_config
+    if not isinstance(config, Mapping) or not all(isinstance(k, str) for k in config):
+        raise TypeError(f"deepspeed_config must be a dict of DeepSpeed config keys, got {config!r}")
+    try:
+        json.dumps(config)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"deepspeed_config must be plain JSON data (it is saved with the run): {exc}") from None
+    if not isinstance(spec.strict, bool):
+        raise TypeError(f"strict must be True or False, got {spec.strict!r}")
 
 
 def is_sequence(value) -> bool:

@@ -1,19 +1,34 @@
-"""The life of a rank process: its output goes to its own log, and it ends itself when the
-process that launched it (the notebook) or its parent (torchrun) is gone, so no orphan
-outlives a killed job. Used by `utils.runtime.rank.main` before anything else runs."""
+"""The life of a rank process: it records where it runs, its output goes to its own log, and
+it ends itself when the process that launched it (the notebook) or its parent (torchrun) is
+gone, so no orphan outlives a killed job. Used by `utils.runtime.rank.main` before anything
+else runs."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import socket
 import sys
 import threading
 import time
 
 import psutil
 
-from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RunDir
+from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, NODE_HOST_ENV, STACK_SIGNAL, RunDir
 
 RANK = int(os.environ.get("RANK", "0"))
+
+
+def record_placement(run_dir: RunDir) -> None:
+    """Write where this rank runs: its node as the launcher numbered it (torchrun's
+    ``GROUP_RANK``, DeepSpeed's ``CROSS_RANK``; 0 under neither), the host the launcher
+    named for that node, this machine's name, its local rank and pid. A run's placement is
+    read from these, so it is what happened, not what was planned."""
+    node = os.environ.get("GROUP_RANK") or os.environ.get("CROSS_RANK") or "0"
+    run_dir.write_placement(RANK, {
+        "rank": RANK, "node": int(node), "host": os.environ.get(NODE_HOST_ENV) or socket.gethostname(),
+        "hostname": socket.gethostname(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "pid": os.getpid()})
 
 
 def redirect_output(run_dir: RunDir) -> None:
@@ -23,6 +38,23 @@ def redirect_output(run_dir: RunDir) -> None:
     os.dup2(log.fileno(), 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def dump_stacks_on_signal(run_dir: RunDir) -> None:
+    """Write every thread's Python stack into this rank's stacks file whenever `STACK_SIGNAL`
+    arrives: ``faulthandler`` does it from a C signal handler, so it works while the rank is
+    blocked inside a collective where no Python code runs. The file appears only once the
+    handler is in place (written under a temporary name, then renamed), so the launcher never
+    sends the signal to a rank it would kill."""
+    final = run_dir.stacks_file(RANK)
+    pending = final.with_name(final.name + ".new")
+    stream = open(pending, "w", encoding="utf-8")  # kept open for the life of the process
+    faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True)
+    os.replace(pending, final)
+    _KEPT.append(stream)
+
+
+_KEPT: list = []
 
 
 def exit_with_parent() -> None:

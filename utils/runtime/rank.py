@@ -32,7 +32,8 @@ from typing import Any, Protocol
 
 from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir, StatusSlot
 from utils.jobs.spec import JobSpec
-from utils.runtime.lifecycle import exit_with_parent, redirect_output
+from utils.runtime.faults import lift_memory_cap
+from utils.runtime.lifecycle import dump_stacks_on_signal, exit_with_parent, record_placement, redirect_output
 
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -58,6 +59,8 @@ class RankState:
     """The `FrozenPrefix` of a job that freezes layers (`JobSpec.freeze_at`), else None."""
     meter: Any = None
     """The `LayerCostMeter` of a job that re-balances itself, else None."""
+    memory: Any = None
+    """The `MemoryMeter`: bytes in use after every traced instruction."""
     pending_events: list = field(default_factory=list)
     """Events a hook adds to the coming step (a re-partition), written with the step's own."""
     last_events: list = field(default_factory=list)
@@ -82,7 +85,8 @@ class RankState:
         """Train on `engine` (built at `boundaries`) from now on, traced from the same origin."""
         origin = self.tracer.origin if self.tracer is not None else 0.0
         self.engine, self.boundaries = engine, list(boundaries)
-        self.tracer = trace(engine, self.spec, self.run_dir, self.rank, self.device)
+        self.tracer = trace(engine, self.spec, self.run_dir, self.rank, self.device,
+                            after=self.memory.sample if self.memory is not None else None)
         self.tracer.set_origin(origin)
 
     def status(self, text: str) -> None:
@@ -134,6 +138,7 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
     the one documented place to impose boundaries instead of computing them (DESIGN.md).
     """
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentrant_checkpoint
 
     from utils.workloads.models import seed_layer
 
@@ -145,7 +150,13 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
 
     return FixedPartitionModule(layers=model.layer_specs(), num_stages=spec.num_stages,
                                 loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed,
-                                seed_fn=seed_layer, dynamic_shape=_varies(spec))
+                                seed_fn=seed_layer, dynamic_shape=_varies(spec),
+                                activation_checkpoint_interval=spec.activation_checkpoint_interval,
+                                # DeepSpeed's default (re-entrant) checkpoint gives stage 0 outputs
+                                # without a grad_fn: its input (token ids) needs no gradient, and
+                                # PipelineModule only exempts its own GPT classes from checkpointing
+                                # (_is_checkpointable). The non-re-entrant one handles that input.
+                                activation_checkpoint_func=non_reentrant_checkpoint)
 
 
 def connect(device: str) -> None:
@@ -179,15 +190,18 @@ def build_engine(spec: JobSpec, model, boundaries: Sequence[int], device: str):
     return engine
 
 
-def trace(engine, spec: JobSpec, run_dir: RunDir, rank: int, device: str):
+def trace(engine, spec: JobSpec, run_dir: RunDir, rank: int, device: str, *, after=None):
     """Install the tracer on `engine`. Always after `build_engine`: the tracer wraps the
     instruction map it finds, including the schedule's loss stash."""
-    from utils.runtime.faults import fault_hook
+    from utils.runtime.faults import fault_injector
     from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
 
+    injector = fault_injector(spec, engine.stage_id, engine.grid.data_parallel_id, device)
+    if injector is not None:  # under the tracer: a slowed forward is timed as one longer forward
+        injector.install(engine)
     return InstructionTracer(engine, stage=engine.stage_id, rank=rank, status=StatusSlot(run_dir.status_slot(rank)),
                              clock=CudaClock() if device == "cuda" else HostClock(),
-                             before=fault_hook(spec, engine.stage_id, engine.grid.data_parallel_id == 0))
+                             before=injector.before if injector is not None else None, after=after)
 
 
 def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
@@ -195,6 +209,7 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     from utils.runtime.dynamic import Curriculum, Freezer, MicroBatching, Repartitioner
     from utils.runtime.frozen import FrozenPrefix
     from utils.runtime.layercost import LayerCostMeter
+    from utils.runtime.memory import MemoryMeter
     from utils.runtime.tracing import CudaClock, HostClock
     from utils.system.cpu import prepare_cpu_rank
     from utils.workloads.models import batches, get_model
@@ -214,7 +229,7 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
                       engine=None, tracer=None, data=None,
                       frozen=FrozenPrefix() if spec.freeze_at else None,
                       meter=LayerCostMeter(CudaClock() if device == "cuda" else HostClock()) if spec.rebalance
-                      else None)
+                      else None, memory=MemoryMeter(device))
     engine = state.build_engine(boundaries)
     state.adopt(engine, boundaries)
     state.data = (batches_for(spec, model, replica=engine.grid.data_parallel_id) if _varies(spec) else
@@ -255,10 +270,12 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
     state.pending_events = [replace(e, start=e.start + shift, end=e.end + shift) for e in state.pending_events]
     state.tracer.set_origin(origin)
     run_dir, rank = state.run_dir, state.rank
-    with open(run_dir.events(rank), "a") as events_file, open(run_dir.progress_file(rank), "a") as progress_file:
+    with (open(run_dir.events(rank), "a") as events_file, open(run_dir.progress_file(rank), "a") as progress_file,
+          open(run_dir.memory_file(rank), "a") as memory_file):
         for step in range(state.first_step, state.spec.steps):
             for hook in hooks:
                 hook.before_step(state, step)
+            state.memory.begin_step()
             state.tracer.begin_step(step)
             started = time.perf_counter()
             loss = float(state.engine.train_batch(data_iter=state.data))
@@ -269,6 +286,10 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
             events_file.flush()
             progress_file.write(json.dumps({"step": step, "loss": loss, "seconds": seconds}) + "\n")
             progress_file.flush()
+            memory = state.memory.end_step(step)
+            if memory is not None:
+                memory_file.write(json.dumps(memory) + "\n")
+                memory_file.flush()
             for hook in hooks:
                 hook.after_step(state, step, loss, seconds)
 
@@ -391,6 +412,8 @@ def main() -> None:
         print(f"this run is recorded in {run_dir.path}, not in {sys.argv[1]}: {moved}", flush=True)
     terminal = _terminal_progress(run_dir, moved)
     redirect_output(run_dir)
+    record_placement(run_dir)
+    dump_stacks_on_signal(run_dir)  # the launcher asks for every rank's stacks when a job hangs
     try:
         if terminal:
             terminal.say("正在导入并构建 DeepSpeed 引擎 (setting up DeepSpeed: a few seconds; the first job in "
@@ -401,6 +424,7 @@ def main() -> None:
         if terminal:
             terminal.say(f"完成 (done): {state.spec.steps} steps; record in {run_dir.path}")
     except BaseException as exc:  # record why, then fail loudly so the launcher stops the others
+        lift_memory_cap()  # an injected memory cap (`utils.runtime.faults`) must not stop the record
         if terminal:
             terminal.say(f"失败 (failed): {type(exc).__name__}: {exc}; log: {run_dir.rank_log(RANK)}")
         spec = run_dir.read_spec() or {}

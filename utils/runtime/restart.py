@@ -68,10 +68,13 @@ def resume(state, record: dict) -> int:
     continue from; queues the restart's "repartition" event for that step."""
     engine, run_dir = state.engine, state.run_dir
     state.status(f"step={record['step']} restart: loading the checkpoint")
+    # DeepSpeed's loader is asked for the optimizer state only to show its pitfall ("deepspeed").
+    deepspeed_loader = state.spec.repartition_optimizer == "deepspeed"
     load_path, _ = engine.load_checkpoint(str(run_dir.checkpoints), tag=record["tag"],
-                                          load_optimizer_states=False, load_lr_scheduler_states=True)
+                                          load_optimizer_states=deepspeed_loader, load_lr_scheduler_states=True)
     if load_path is None:
         raise RuntimeError(f"no checkpoint {record['tag']} in {run_dir.checkpoints} to resume from")
+    state.status(f"step={record['step']} restart: checkpoint loaded")
     if state.spec.repartition_optimizer == "remap":
         remap_optimizer(engine, state.model, run_dir.checkpoints / record["tag"], old=record["old"],
                         new=record["new"])

@@ -69,7 +69,8 @@ class InstructionTracer:
     """Wraps one engine instance's instruction map and collects `Event`s per step.
 
     `before` (optional) is called with (step, kind, micro_batch) as each instruction starts;
-    the job uses it to inject faults on purpose.
+    the job uses it to inject faults on purpose. `after` (optional) is called as each traced
+    instruction ends (the job samples its memory there, `utils.runtime.memory`).
 
     Install it *after* anything else that changes the engine's instruction map (the schedule
     lowering stashes the last stage's losses there): it wraps the map it finds, so it times
@@ -79,12 +80,13 @@ class InstructionTracer:
     """
 
     def __init__(self, engine, *, stage: int, rank: int, clock, status: StatusSlot | None = None,
-                 before: Callable[[int, str, int | None], None] | None = None):
+                 before: Callable[[int, str, int | None], None] | None = None,
+                 after: Callable[[], None] | None = None):
         self.engine = engine
         self.stage, self.rank = stage, rank
         self.clock = clock
         self.status = status
-        self.before = before
+        self.before, self.after = before, after
         self.origin = 0.0
         self.step = -1
         self._pending: list[tuple[str, int | None, object, object]] = []
@@ -122,6 +124,8 @@ class InstructionTracer:
             start = tracer.clock.mark()
             fn(engine, **kwargs)
             tracer._pending.append((kind, micro_batch, start, tracer.clock.mark()))
+            if tracer.after is not None:
+                tracer.after()
 
         return traced
 

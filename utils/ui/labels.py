@@ -102,6 +102,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "legend.part": "part",
         "row.stage": "stage {stage}",
         "row.stage_rank": "stage {stage} · rank {rank}",
+        "row.node": " · node {node}",
         "hover.bar": ("<b>%{{customdata[0]}}</b> micro-batch %{{customdata[1]}}<br>"
                       "stage %{{customdata[5]}} · rank %{{customdata[6]}} · chunk %{{customdata[7]}}<br>"
                       "start %{{customdata[2]:.3f}} ms · end %{{customdata[3]:.3f}} ms<br>"
@@ -126,6 +127,12 @@ TEXTS: dict[str, dict[str, str]] = {
         "rebalance.cost_axis": "compute per micro-batch (ms)",
         "rebalance.cut_axis": "first layer of the stage",
         "rebalance.step_axis": "step",
+        "grid.title": "{p} stages × {d} replicas = {n} processes (DeepSpeed's PipeDataParallelTopology)",
+        "grid.rank": "rank {rank}",
+        "grid.p2p": "p2p: activations →, gradients ←",
+        "grid.allreduce": "all-reduce of stage {stage}'s gradients",
+        "grid.stage_axis": "pipeline stage",
+        "grid.replica_axis": "data-parallel replica",
         "memory.title": "Activation memory over time",
         "memory.axis": "memory ({unit})",
         "memory.count_axis": "activations ({unit})",
@@ -194,6 +201,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "legend.part": "组成",
         "row.stage": "阶段 {stage}",
         "row.stage_rank": "阶段 {stage} · rank {rank}",
+        "row.node": " · 节点 {node}",
         "hover.bar": ("<b>%{{customdata[0]}}</b> 微批 %{{customdata[1]}}<br>"
                       "阶段 %{{customdata[5]}} · rank %{{customdata[6]}} · chunk %{{customdata[7]}}<br>"
                       "开始 %{{customdata[2]:.3f}} ms · 结束 %{{customdata[3]:.3f}} ms<br>"
@@ -218,6 +226,12 @@ TEXTS: dict[str, dict[str, str]] = {
         "rebalance.cost_axis": "每个微批的计算时间 (ms)",
         "rebalance.cut_axis": "阶段的第一层",
         "rebalance.step_axis": "训练步 step",
+        "grid.title": "{p} 个阶段 × {d} 个副本 = {n} 个进程（DeepSpeed 的 PipeDataParallelTopology）",
+        "grid.rank": "rank {rank}",
+        "grid.p2p": "点对点 (p2p)：激活 →，梯度 ←",
+        "grid.allreduce": "阶段 {stage} 的梯度 all-reduce",
+        "grid.stage_axis": "流水线阶段 (stage)",
+        "grid.replica_axis": "数据并行副本 (replica)",
         "memory.title": "激活显存随时间的变化",
         "memory.axis": "内存 ({unit})",
         "memory.count_axis": "激活 ({unit})",

@@ -82,17 +82,24 @@ def _resolve_step(timeline: Timeline, step: int | None) -> int:
 
 
 def _row_labels(timeline: Timeline, lang: str) -> tuple[list[str], Callable[[Event], str]]:
-    """Row labels, stage 0 first; with data parallelism one row per rank."""
+    """Row labels, stage 0 first; with data parallelism one row per rank. A run over several
+    nodes (``timeline.meta["nodes"]``: rank -> node) names each row's node, so the boundary
+    between two nodes shows in the timeline."""
     ranks: dict[int, set[int]] = {s: set() for s in range(timeline.num_stages)}
     for e in timeline.events:
         ranks[e.stage].add(e.rank)
     per_rank = any(len(r) > 1 for r in ranks.values())
+    nodes = {int(r): n for r, n in timeline.meta.get("nodes", {}).items()}
+
+    def on(rank: int | None) -> str:
+        return text("row.node", lang, node=nodes[rank]) if rank in nodes else ""
 
     def stage(s: int) -> str:
-        return text("row.stage", lang, stage=s)
+        only = next(iter(ranks[s]), None) if len(ranks[s]) == 1 else None
+        return text("row.stage", lang, stage=s) + on(only)
 
     def stage_rank(s: int, r: int) -> str:
-        return text("row.stage_rank", lang, stage=s, rank=r)
+        return text("row.stage_rank", lang, stage=s, rank=r) + on(r)
 
     if not per_rank:
         return [stage(s) for s in range(timeline.num_stages)], lambda e: stage(e.stage)

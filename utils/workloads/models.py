@@ -12,6 +12,9 @@ Presets:
   parameter-count balance therefore splits it badly, as in the course's 4-stage case.
 - ``gpt-large``: the same with GPU-sized defaults.
 - ``mlp``: identical Linear+GELU blocks, for textbook cases with equal stage costs.
+- ``seed-case``: the course's 4-stage case (stage times 95/78/76/112 ms under 4 x 8 layers):
+  a heavy input stem, 30 equal residual MLP blocks and a heavy classifier head + loss, sized
+  so that the uniform 4-stage split reproduces the case's proportions (lab 4).
 
 Data is synthetic and generated in code (no downloads) but learnable, so the loss visibly falls.
 """
@@ -92,6 +95,34 @@ class MLPBlock(nn.Module):
         return x + F.gelu(self.fc(x))
 
 
+class InputStem(nn.Module):
+    """The input side of the ``seed-case`` model: a wide MLP, hidden -> width -> hidden, on
+    data of the hidden size. Its input comes from the data loader and needs no gradient, so
+    its first projection computes the weight gradient only."""
+
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.up = nn.Linear(hidden, width)
+        self.down = nn.Linear(width, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class ClassifierHead(nn.Module):
+    """The output side of the ``seed-case`` model: LayerNorm, a wide MLP hidden -> width and
+    the class projection width -> classes (the cross-entropy loss runs on the same stage)."""
+
+    def __init__(self, hidden: int, width: int, classes: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, width)
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.up(self.ln(x))))
+
+
 def lm_loss(logits: torch.Tensor, labels) -> torch.Tensor:
     """Next-token cross-entropy: the mean over every position, or, for variable-length
     micro-batches (`utils.workloads.varlen`), labels ``(targets, scale)``: the sum over real
@@ -106,6 +137,10 @@ def lm_loss(logits: torch.Tensor, labels) -> torch.Tensor:
 
 def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(outputs.float(), targets)
+
+
+def class_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), labels)
 
 
 # --- presets ----------------------------------------------------------------------------------
@@ -148,6 +183,9 @@ class Model:
 
     def layer_specs(self) -> list:
         """The layers as DeepSpeed `LayerSpec`s, for `PipelineModule(layers=...)`."""
+        from utils.system.dslog import quiet_accelerator_notice
+
+        quiet_accelerator_notice()
         from deepspeed.pipe import LayerSpec  # deepspeed is imported only by code that needs it
 
         return [LayerSpec(layer.cls, **layer.kwargs) for layer in self.layers]
@@ -193,6 +231,51 @@ def _mlp(preset: str, *, blocks: int, hidden: int) -> Model:
                  loss_fn=mse_loss, make_batch=_teacher_regression(hidden))
 
 
+SEED_CASE_STEM = 23
+"""``seed-case``: the stem's width in eighths of `hidden` (``width = SEED_CASE_STEM * hidden // 8``)."""
+SEED_CASE_HEAD = 24
+"""``seed-case``: the head's width in eighths of `hidden` (``width = SEED_CASE_HEAD * hidden // 8``)."""
+
+
+def _seed_case(preset: str, *, hidden: int, blocks: int) -> Model:
+    """The course's 4-stage case as a model: ``InputStem``, `blocks` x ``MLPBlock``, ``ClassifierHead``.
+
+    With the default 30 blocks the model has 32 layers, and DeepSpeed's uniform 4-stage split
+    (8 layers per stage) gives stage 0 the stem + 7 blocks, stages 1 and 2 eight blocks each and
+    stage 3 seven blocks + the head and the loss. The seed's case says 95 / 78 / 76 / 112 ms:
+    with equal blocks stages 1 and 2 cost the same (77 each on the seed's scale), so a block is
+    77 / 8 = 9.6 ms there, the stem 95 - 7 x 9.6 = 27.6 ms (2.9 blocks) and the head + loss
+    112 - 7 x 9.6 = 44.6 ms (4.6 blocks). All layers multiply (b, hidden) activations by
+    matrices of the same order (hidden x hidden, hidden x width), so the proportions hold
+    across micro-batch sizes far better than a huge input or vocabulary would; the widths
+    (`SEED_CASE_STEM`, `SEED_CASE_HEAD`) were chosen by measurement. It is sized for CPU: on a
+    GPU layers this small cost little more than their kernel launches, and the proportions go.
+
+    Measured on a 2-core VM shared with other jobs (load average 9-15), torch 2.13, defaults,
+    micro_batch_size=64, per stage of the uniform split, on the seed's scale (sum = 361 ms):
+
+    - a real job, the shortest forward + the shortest backward of each stage over steps >= 1
+      (lab 4's ``stage_times``): 4.70 / 3.61 / 3.66 / 5.48 ms = 97 / 75 / 76 / 113, and in a
+      second run 5.06 / 3.67 / 3.67 / 5.34 ms = 103 / 75 / 75 / 109;
+    - the layer profile summed per stage: 6.72 / 5.03 / 5.19 / 7.54 ms = 99 / 74 / 77 / 111,
+      and 7.37 / 5.46 / 5.74 / 9.03 ms = 96 / 71 / 75 / 118 (stem 3.1, head 5.7 blocks).
+
+    Commands::
+
+        run = utils.run_job(utils.JobSpec(model="seed-case", num_stages=4, partition="uniform", micro_batches=8,
+                                          micro_batch_size=64, steps=4, device="cpu"))
+        profile = utils.profile_layers("seed-case", micro_batch_size=64, device="cpu", concurrency=4)
+        utils.stage_costs(profile.total, [0, 8, 16, 24, 32])
+    """
+    stem = SEED_CASE_STEM * hidden // 8
+    head = SEED_CASE_HEAD * hidden // 8
+    layers = (LayerDef(InputStem, {"hidden": hidden, "width": stem}),
+              *(LayerDef(MLPBlock, {"hidden": hidden}) for _ in range(blocks)),
+              LayerDef(ClassifierHead, {"hidden": hidden, "width": head, "classes": hidden}))
+    return Model(preset=preset, options=dict(hidden=hidden, blocks=blocks), layers=layers,
+                 loss_fn=class_loss, make_batch=_teacher_classes(hidden, hidden))
+
+
 PRESETS: dict[str, _PresetInfo] = {
     "gpt": _PresetInfo(
         "GPT-like LM sized for a CPU: embedding, transformer blocks, large-vocabulary head + loss",
@@ -203,14 +286,25 @@ PRESETS: dict[str, _PresetInfo] = {
     "mlp": _PresetInfo(
         "identical residual Linear+GELU blocks (equal stage costs)",
         {"blocks": 8, "hidden": 256}, _mlp),
+    "seed-case": _PresetInfo(
+        "the course's 4-stage case: heavy input stem, 30 residual MLP blocks, heavy classifier head + loss "
+        "(uniform 4 x 8 split: stage times in the proportions 95/78/76/112)",
+        {"hidden": 256, "blocks": 30}, _seed_case),
 }
+
+
+HIDDEN_PRESETS: dict[str, _PresetInfo] = {}
+"""Presets `get_model` resolves that `PRESETS` (the menu of trainable models) does not list:
+the deliberately broken ``mistake:...`` presets of chapter 25, which `utils.workloads.mistakes`
+registers here (the package imports it)."""
 
 
 def get_model(preset: str, options: Mapping[str, Any] | None = None) -> Model:
     """Resolve a preset name and option overrides into a `Model` (nothing is built yet)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
-    info = PRESETS[preset]
+    info = (PRESETS.get(preset) or HIDDEN_PRESETS.get(preset)) if isinstance(preset, str) else None
+    if info is None:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)} "
+                         "(or a 'mistake:...' preset of utils.workloads.mistakes)")
     options = dict(options or {})
     unknown = set(options) - set(info.defaults)
     if unknown:
@@ -248,6 +342,21 @@ def _teacher_regression(hidden: int):
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(batch, hidden, generator=generator)
         return x, torch.tanh(x @ teacher / math.sqrt(hidden))
+
+    return make_batch
+
+
+def _teacher_classes(features: int, classes: int, *, seen: int = 32):
+    """Classify x by a fixed random teacher on its first `seen` features:
+    label = argmax(x[:, :seen] @ T). Cheap to generate (the data loader runs on the first and
+    last stages) and learnable by the blocks."""
+    seen = min(seen, features)
+    teacher = torch.randn(seen, classes, generator=torch.Generator().manual_seed(0))
+
+    def make_batch(generator: torch.Generator, batch: int, tokens: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(batch, features, generator=generator)
+        return x, (x[:, :seen] @ teacher).argmax(dim=1)
 
     return make_batch
 

@@ -1,0 +1,128 @@
+"""`utils.diagnose` on real jobs: one per fault the workbook can inject, a straggler among the
+four ranks of a 2 × 2 PP × DP job, a hang whose stacks the launcher collects, and a config
+mistake DeepSpeed itself rejects. Each names the rank, stage, instruction and cause, ends
+within its limits and leaves no process behind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers import SMALL_GPT, processes_of
+from utils import Fault, JobFailed, JobSpec, run_job
+from utils.jobs.diagnose import diagnose
+from utils.jobs.stacks import main_stack, parse_stacks
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(fault: Fault | None = None, **extra) -> JobSpec:
+    return JobSpec(**{**SMALL_GPT, "num_stages": 2, "micro_batches": 4, "steps": 3, "timeout": 120, "fault": fault,
+                      **extra})
+
+
+def _failed(spec: JobSpec):
+    with pytest.raises(JobFailed) as caught:
+        run_job(spec, progress=False)
+    run = caught.value.run
+    assert processes_of(run.path) == []
+    return run, diagnose(run)
+
+
+def _where(finding) -> tuple:
+    w = finding.where
+    return w.rank, w.stage, w.instruction, w.step, w.micro_batch
+
+
+@pytest.mark.parametrize("kind, code", [("raise", "injected-fault"), ("exit", "exited"), ("killed", "killed")])
+def test_a_rank_that_fails_is_named_with_its_instruction(runs_root, kind, code):
+    run, d = _failed(_spec(Fault(kind=kind, stage=1, step=1, instruction="forward")))
+    assert d.kind == "failed" and d.primary.code == code, d
+    assert _where(d.primary) == (1, 1, "forward", 1, 0)
+    assert d.primary.cause and d.primary.fix
+    assert d.find("injected-fault").where.rank == 1
+    if kind == "raise":
+        assert d.find("peer-lost").evidence["ranks"] == [0]  # rank 0 failed only because rank 1 did
+    if kind == "killed":
+        assert "out-of-memory killer" in d.primary.cause
+
+
+def test_a_tensor_mismatch_names_the_receiver_and_its_sender(runs_root):
+    run, d = _failed(_spec(Fault(kind="mismatch", stage=0, step=1)))
+    assert d.primary.code == "tensor-mismatch", d
+    assert _where(d.primary) == (1, 1, "recv_act", 1, 0)
+    assert "came from rank 0 (stage 0)" in d.primary.cause and "dynamic_shape" in d.primary.fix
+    assert "Received data size doesn't match" in run.log(1)  # gloo's own words, in the receiver's log
+
+
+def test_a_memory_cap_gives_a_real_out_of_memory(runs_root):
+    options = {**SMALL_GPT["model_options"], "vocab": 4096, "seq_len": 32}
+    run, d = _failed(_spec(Fault(kind="memory", stage=1, cap_mb=1), model_options=options))
+    assert d.primary.code == "out-of-memory", d
+    rank, stage, instruction, step, _ = _where(d.primary)
+    assert (rank, stage, step) == (1, 1, 0) and instruction in ("forward", "backward", "optimizer_step")
+    assert "can't allocate memory" in d.primary.evidence["error"]
+    assert d.primary.evidence["memory_limit_mb"] > 0
+    assert "checkpoint" in d.primary.fix
+
+
+def test_one_slow_rank_among_four_is_the_straggler(runs_root):
+    # factor 4, not 3: a micro-batch computes in ~2 ms here, so a 3x fault measured only 2.6x
+    # on an idle machine, close to the 2.0 asserted below; with 4 ranks on 2 cores, contention
+    # slows the healthy replica too (this test failed once in CI with factor 3)
+    run = run_job(_spec(Fault(kind="slow", stage=1, replica=1, factor=4.0), data_parallel=2, micro_batches=4),
+                  progress=False)
+    d = diagnose(run)
+    assert d.kind == "ok" and d.primary.code == "straggler", d
+    assert (d.primary.where.rank, d.primary.where.stage) == (3, 1)
+    assert d.primary.evidence["slowdown"] > 2.0
+    assert [f.where.rank for f in d.findings if f.code == "straggler"] == [3]
+    assert not diagnose(run, reveal_fault=False).find("injected-fault")
+    assert processes_of(run.path) == []
+
+
+def test_one_slow_stage_among_four_is_found_by_its_peer(runs_root):
+    # 4 stages of 1 layer each (embedding, block, block, head): stage 2 runs what stage 1 runs.
+    run = run_job(_spec(Fault(kind="slow", stage=2, factor=3.0), num_stages=4, partition="uniform"), progress=False)
+    d = diagnose(run, reveal_fault=False)
+    assert d.primary.code == "straggler", d
+    assert (d.primary.where.rank, d.primary.where.stage) == (2, 2)
+    assert processes_of(run.path) == []
+
+
+def test_a_hang_ends_within_its_timeout_with_every_ranks_stacks(runs_root):
+    timeout = 30
+    started = time.time()
+    with pytest.raises(JobFailed) as caught:
+        run_job(_spec(Fault(kind="hang", stage=1, step=1), timeout=timeout), progress=False)
+    assert time.time() - started < timeout + 10
+    run = caught.value.run
+    assert run.state == "timeout" and processes_of(run.path) == []
+    message = str(caught.value)
+    assert "timeout" in message
+    assert "rank 1 (stage 1): step=1 forward mb=0" in message
+    # Its neighbour waits for the gradient of a micro-batch stage 1 never finishes.
+    assert "rank 0 (stage 0): step=1 recv_grad" in message
+    assert "stack: utils/runtime/faults.py" in message and "(in DeepSpeed's recv_grad)" in message
+    for rank in run.ranks:  # every rank answered: its stacks are in the run directory
+        assert main_stack(parse_stacks(run.run_dir.stacks(rank))) is not None
+    d = diagnose(run)
+    assert d.kind == "hung" and d.primary.code == "hang", d
+    assert _where(d.primary) == (1, 1, "forward", 1, 0)
+    assert "injected hang" in d.primary.cause
+    waiting = d.find("waiting")
+    assert _where(waiting) == (0, 0, "recv_grad", 1, 0) and "for rank 1" in waiting.what
+    assert d.primary.evidence["chains"] == ["rank 0 (recv_grad) → rank 1 (forward)"]
+
+
+def test_a_config_deepspeed_rejects_is_explained(runs_root):
+    # strict=False launches although the linter objects, so DeepSpeed's own assertion is what fails.
+    run, d = _failed(_spec(strict=False, deepspeed_config={"train_batch_size": 12}, steps=1))
+    assert d.primary.code == "batch-arithmetic", d
+    assert d.primary.where.instruction == "setup" and d.primary.where.stage in (0, 1)
+    assert "12 ≠ 2 × 4 × 1" in d.primary.cause
+    # Every rank that left an error record raised this assertion; a rank slower to reach it can be
+    # stopped by torchrun first (a busy machine), and then has no record of its own.
+    recorded = [r for r in run.ranks if run.run_dir.error(r)]
+    assert d.primary.evidence.get("same_error_on_ranks", [d.primary.where.rank]) == recorded

@@ -1,0 +1,263 @@
+"""`utils.diagnose`'s parts without processes: the known-error patterns against texts recorded
+from real DeepSpeed jobs (tests/data/deepspeed_errors.json, see tests/integration/record_errors.py),
+stack dumps, status slots and wait-for chains, and the straggler / imbalance / bubble / memory
+rules on hand-built timelines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import schedule_events
+from utils.analysis.diagnosis import Diagnosis, Symptom, Where
+from utils.analysis.slowness import STRAGGLER_FACTOR, performance_symptoms, rank_costs
+from utils.jobs.diagnose import _chains, parse_status, waits_for
+from utils.jobs.errors import PATTERNS, engine_instruction_of, explain
+from utils.jobs.stacks import engine_instruction, main_stack, parse_stacks, short_path, stack_summary
+from utils.timeline import Timeline
+
+RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "deepspeed_errors.json").read_text())
+
+
+def _text(error: dict) -> str:
+    return f"{error['type']}: {error['message']}\n{error['traceback']}"
+
+
+# --- known errors, on the texts real jobs produced ----------------------------------------------------
+@pytest.mark.parametrize("case", sorted(RECORDED))
+def test_each_recorded_error_is_explained(case):
+    record = RECORDED[case]
+    texts = [_text(e) for e in record["errors"]] + list(record.get("logs", {}).values())
+    explanations = [x for x in map(explain, texts) if x is not None]
+    causes = [x for x in explanations if not x.consequence]
+    assert causes, f"{case}: no pattern explains {texts}"
+    assert causes[0].code == record["expected"], (case, causes[0])
+    assert causes[0].cause and causes[0].fix and "{" not in causes[0].cause + causes[0].fix
+
+
+def test_the_recorded_cases_cover_every_mistake_of_chapter_25():
+    codes = {record["expected"] for record in RECORDED.values()}
+    assert {"batch-arithmetic", "empty-stage", "tensor-mismatch", "dtype-mismatch", "loss-not-scalar",
+            "scalar-between-stages", "non-tensor-output", "received-activation-without-grad", "tied-weight-attr",
+            "tied-forward", "out-of-memory", "zero-with-pipeline", "injected-fault"} <= codes
+
+
+def test_explanations_carry_the_numbers_of_the_message():
+    x = explain("AssertionError: Check batch related parameters. train_batch_size is not equal to "
+                "micro_batch_per_gpu * gradient_acc_step * world_size 12 != 2 * 4 * 1")
+    assert x.code == "batch-arithmetic" and "12 ≠ 2 × 4 × 1" in x.cause and "train_batch_size=2×4×1" in x.fix
+    gloo = explain("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+                   "pair.cc:456] op.preamble.length <= op.nbytes. 16384 vs 8192. Received data size doesn't match")
+    assert gloo.code == "tensor-mismatch" and "16384 bytes" in gloo.cause and "8192 bytes" in gloo.cause
+    assert explain("RuntimeError: something nobody has seen") is None
+
+
+def test_a_lost_neighbour_is_a_consequence_not_a_cause():
+    for text in ("RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:10659.",
+                 "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:48527: Connection reset by peer."):
+        assert explain(text).code == "peer-lost" and explain(text).consequence
+    assert not explain("RuntimeError: injected fault: stage 1 fails at step 1 in forward").consequence
+    assert len({p.code for p in PATTERNS}) == len(PATTERNS)
+
+
+def test_the_instruction_comes_from_the_traceback():
+    unused = next(e for e in RECORDED["unused_float"]["errors"] if "send_grads" in e["traceback"])
+    assert engine_instruction_of(unused["traceback"]) == "send_grad"
+    batch = RECORDED["batch"]["errors"][0]
+    assert engine_instruction_of(batch["traceback"]) == "setup"
+    assert engine_instruction_of("no frames") is None
+
+
+# --- stacks ----------------------------------------------------------------------------------------
+DUMP = '''Thread 0x00007fdbb25806c0 (most recent call first):
+  File "/work/main/utils/runtime/lifecycle.py", line 65 in watch
+  File "/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007fdbd1e68b80 (most recent call first):
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2799 in recv
+  File "/work/main/.venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/work/main/.venv/lib/python3.11/site-packages/deepspeed/comm/torch.py", line 477 in recv
+  File "/work/main/.venv/lib/python3.11/site-packages/deepspeed/runtime/pipe/p2p.py", line 81 in recv
+  File "/work/main/.venv/lib/python3.11/site-packages/deepspeed/runtime/pipe/engine.py", line 1209 in _exec_recv_grads
+  File "/work/main/utils/runtime/tracing.py", line 125 in traced
+  File "/work/main/utils/runtime/rank.py", line 442 in <module>
+  File "<frozen runpy>", line 198 in _run_module_as_main
+'''
+
+
+def test_a_faulthandler_dump_is_read_into_the_training_thread():
+    threads = parse_stacks(DUMP)
+    assert [len(t.frames) for t in threads] == [2, 8] and threads[1].current
+    main = main_stack(threads)
+    assert main is threads[1] and engine_instruction(main.frames) == "recv_grad"
+    summary = stack_summary(main.frames)
+    assert summary.startswith("torch/distributed/distributed_c10d.py:2799 recv ← deepspeed/comm/torch.py:477 recv")
+    assert "wrapper" not in summary and summary.endswith("(in DeepSpeed's recv_grad)")
+    # A rank asked twice appends a second dump: the last one counts.
+    second = DUMP.replace("line 2799 in recv", "line 1 in later")
+    assert parse_stacks(DUMP + "\n" + second)[1].frames[0].line == 1
+    assert parse_stacks("") == [] and main_stack([]) is None and stack_summary(()) == "no Python stack"
+    assert short_path("/x/site-packages/deepspeed/a.py") == "deepspeed/a.py"
+
+
+# --- status slots and wait-for chains --------------------------------------------------------------
+def test_status_slots_are_parsed():
+    assert parse_status("step=1 recv_grad mb=0 t=1796074413.216") == {
+        "step": 1, "instruction": "recv_grad", "micro_batch": 0, "time": 1796074413.216}
+    assert parse_status("step=2 reduce_grads mb=None t=5.0")["micro_batch"] is None
+    assert parse_status("step=3 repartition: moving layers t=7.5")["instruction"] == "repartition"
+    assert parse_status("step=0 finished t=1.0")["instruction"] == "finished"
+    assert parse_status("")["instruction"] is None
+
+
+def test_who_waits_for_whom_in_a_pp_by_dp_grid():
+    grid = {"num_stages": 3, "data_parallel": 2}  # rank = stage * 2 + replica
+    assert waits_for(2, "recv_act", **grid) == [0] and waits_for(3, "recv_act", **grid) == [1]
+    assert waits_for(2, "recv_grad", **grid) == [4] and waits_for(5, "send_grad", **grid) == [3]
+    assert waits_for(0, "recv_act", **grid) == [] and waits_for(4, "send_act", **grid) == []
+    assert waits_for(3, "reduce_grads", **grid) == [2]
+    assert waits_for(3, "forward", **grid) == []
+    assert waits_for(3, "optimizer_step", in_collective=True, **grid) == [0, 1, 2, 4, 5]
+
+
+def _state(waits: dict[int, list[int]], instructions: dict[int, str]) -> dict[int, dict]:
+    return {r: {"waits": w, "instruction": instructions[r], "done": False} for r, w in waits.items()}
+
+
+def test_chains_end_at_the_rank_that_holds_everybody_up():
+    # 4 stages: 0 and 1 wait for gradients, 3 waits for an activation, 2 is stuck in a forward.
+    state = _state({0: [1], 1: [2], 2: [], 3: [2]},
+                   {0: "recv_grad", 1: "recv_grad", 2: "forward", 3: "recv_act"})
+    chains, culprits, cycle = _chains(state)
+    assert culprits == [2] and cycle == []
+    assert chains == ["rank 0 (recv_grad) → rank 1 (recv_grad) → rank 2 (forward)", "rank 3 (recv_act) → rank 2 (forward)"]
+
+
+def test_a_cycle_of_waits_is_a_deadlock():
+    state = _state({0: [1], 1: [0]}, {0: "recv_act", 1: "recv_grad"})
+    chains, culprits, cycle = _chains(state)
+    assert culprits == [] and sorted(cycle) == [0, 1]
+
+
+# --- a successful run: stragglers, imbalance, bubble, memory -----------------------------------------
+def _grid_timeline(p: int, m: int, dp: int, *, slow: dict[int, float] | None = None, steps: int = 3,
+                   f: float = 1.0, b: float = 2.0, **meta) -> Timeline:
+    """`steps` steps of 1F1B on a p × dp grid; `slow` maps a rank to its slowdown."""
+    slow = slow or {}
+    events = []
+    for step in range(steps):
+        for replica in range(dp):
+            def rank_of(s, replica=replica):
+                return s * dp + replica
+            fwd = [f * slow.get(rank_of(s), 1.0) for s in range(p)]
+            bwd = [b * slow.get(rank_of(s), 1.0) for s in range(p)]
+            events += schedule_events(p, m, f=fwd, b=bwd, step=step, offset=step * 1000.0, rank_of=rank_of)
+    return Timeline(events=tuple(events), num_stages=p, num_micro_batches=m, data_parallel=dp, meta=meta)
+
+
+def test_one_slow_rank_among_four_is_named_by_its_replicas():
+    tl = _grid_timeline(2, 4, 2, slow={3: 3.0})
+    costs = rank_costs(tl)
+    assert costs[3]["forward"] == pytest.approx(3.0) and costs[2]["backward"] == pytest.approx(2.0)
+    found = performance_symptoms(tl)
+    straggler = found[0]
+    assert straggler.code == "straggler" and straggler.where.rank == 3 and straggler.where.stage == 1
+    assert straggler.evidence["slowdown"] == pytest.approx(3.0) and straggler.evidence["slow_from_step"] == 0
+    assert [s.where.rank for s in found if s.code == "straggler"] == [3]
+
+
+def test_stages_running_the_same_layers_are_peers_without_replicas():
+    tl = _grid_timeline(4, 8, 1, slow={2: 3.0})
+    layers = [("Embedding",), ("Block",), ("Block",), ("LMHead",)]
+    found = performance_symptoms(tl, stage_layers=layers)
+    straggler = found[0]
+    assert straggler.code == "straggler" and (straggler.where.rank, straggler.where.stage) == (2, 2)
+    assert "same layers (stages [1, 2])" in straggler.what
+    assert "straggler" not in [s.code for s in performance_symptoms(tl)]  # without: only an imbalance
+
+
+def test_a_straggler_from_a_later_step_says_when_it_started():
+    tl = _grid_timeline(2, 4, 2, steps=1)
+    late = _grid_timeline(2, 4, 2, slow={1: 2.5}, steps=3)
+    events = tl.events + tuple(e for e in late.events if e.step > 0)
+    found = performance_symptoms(Timeline(events=events, num_stages=2, num_micro_batches=4, data_parallel=2))
+    assert found[0].where.rank == 1 and found[0].where.step == 1
+
+
+def test_a_slow_stage_without_replicas_is_named_against_the_prediction():
+    tl = _grid_timeline(4, 8, 1, slow={2: 2.0})
+    found = performance_symptoms(tl, predicted_stage_costs=[0.003] * 4)  # any scale: ratios are relative
+    straggler = next(s for s in found if s.code == "straggler")
+    assert straggler.where.stage == 2 and straggler.where.rank == 2
+    imbalance = next(s for s in found if s.code == "imbalance")
+    assert imbalance.where.stage == 2 and "slow" in imbalance.cause
+    # Predicted heavy: the same timeline is an imbalance of the partition, not a slow rank.
+    found = performance_symptoms(tl, predicted_stage_costs=[3.0, 3.0, 6.0, 3.0])
+    assert "straggler" not in [s.code for s in found]
+    imbalance = next(s for s in found if s.code == "imbalance")
+    assert imbalance.where.stage == 2 and "more work" in imbalance.cause and "partition" in imbalance.fix
+    assert imbalance.evidence["imbalance"] == pytest.approx(6 * 8 / ((3 * 3 * 8 + 6 * 8) / 4), rel=0.01)
+
+
+def test_noise_below_the_factor_is_no_straggler():
+    tl = _grid_timeline(2, 4, 2, slow={3: STRAGGLER_FACTOR * 0.9})
+    assert "straggler" not in [s.code for s in performance_symptoms(tl)]
+
+
+def test_a_balanced_pipeline_has_a_fill_and_drain_bubble_only():
+    tl = _grid_timeline(4, 4, 1)
+    found = performance_symptoms(tl)
+    assert [s.code for s in found] == ["bubble"]
+    bubble = found[0]
+    assert bubble.evidence["bubble_ratio"] == pytest.approx(3 / 7, abs=1e-3)
+    assert bubble.evidence["fill_and_drain"] == pytest.approx(3 / 7, abs=1e-3)
+    assert bubble.evidence["imbalance"] == pytest.approx(0.0) and bubble.evidence["other"] == pytest.approx(0.0)
+    assert "fill and drain" in bubble.what and "m ≥ 4p = 16" in bubble.fix
+
+
+def test_waiting_for_a_slow_stage_is_told_from_fill_and_drain():
+    tl = _grid_timeline(2, 16, 1, slow={1: 3.0})
+    bubble = next(s for s in performance_symptoms(tl) if s.code == "bubble")
+    assert bubble.evidence["imbalance"] > bubble.evidence["fill_and_drain"] == pytest.approx(1 / 17, abs=1e-3)
+    assert bubble.where.stage == 1 and "waits for stage 1" in bubble.cause
+
+
+def test_idle_time_the_stage_costs_do_not_explain_is_named():
+    events = []
+    for e in schedule_events(2, 8, f=1.0, b=2.0):  # every compute on stage 1 spaced out by a 2 s gap
+        events.append(e if e.stage == 0 else type(e)(**{**{k: getattr(e, k) for k in e.__slots__},
+                                                       "start": e.start * 2, "end": e.start * 2 + (e.end - e.start)}))
+    tl = Timeline(events=tuple(events), num_stages=2, num_micro_batches=8)
+    bubble = next(s for s in performance_symptoms(tl) if s.code == "bubble")
+    assert bubble.evidence["other"] > max(bubble.evidence["fill_and_drain"], bubble.evidence["imbalance"])
+    assert "do not explain" in bubble.what
+
+
+def test_memory_names_the_stage_that_adds_most_and_why():
+    tl = _grid_timeline(2, 4, 1, schedule="1f1b")
+    memory = next(s for s in performance_symptoms(tl, step_memory={0: 8 * 2**20, 1: 2 * 2**20})
+                  if s.code == "memory")
+    assert memory.where.stage == 0 and memory.evidence["step_memory_mb"] == {0: 8.0, 1: 2.0}
+    assert "p - s micro-batches" in memory.cause and memory.severity == "info"
+    gpipe = next(s for s in performance_symptoms(_grid_timeline(2, 4, 1, schedule="gpipe"), step_memory={0: 1, 1: 2})
+                 if s.code == "memory")
+    assert gpipe.where.stage == 1 and "GPipe" in gpipe.cause
+
+
+# --- the report -------------------------------------------------------------------------------------
+def test_a_diagnosis_reads_as_text_markdown_and_json():
+    finding = Symptom(code="straggler", what="rank 3 is a straggler", where=Where(rank=3, stage=1, step=0),
+                      evidence={"slowdown": 3.01234, "ms": [1.0, 2.0]}, cause="a slow device", fix="move it",
+                      severity="warning")
+    d = Diagnosis(kind="ok", run="r1", headline="3 steps", findings=(finding,))
+    text = str(d)
+    assert "[straggler] rank 3 is a straggler" in text and "rank 3 · stage 1 · step 0" in text
+    assert "slowdown = 3.01" in text and "fix:      move it" in text
+    md = d._repr_markdown_()
+    assert "`straggler`" in md and "*cause*: a slow device" in md
+    assert json.loads(json.dumps(d.to_dict()))["findings"][0]["where"]["rank"] == 3
+    assert d.primary is finding and d.codes == ["straggler"] and d.find("hang") is None
+    assert str(Where()) == "the whole job"
+    assert "nothing to report" in str(Diagnosis(kind="ok", run="r2", headline="fine"))
