@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-unit test-integration test-notebooks demo bench clean
+.PHONY: setup lab test test-unit test-integration test-notebooks demo bench gpu-wheels gpu-check clean
 
 setup: $(STAMP)
 
@@ -48,5 +48,15 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/tracer_overhead.py
 
+# The GPU check's inputs for a node without a package registry (the lent GPU machine:
+# Python 3.12): DeepSpeed as a pure-Python wheel, hjson and pydantic, into .whl/.
+gpu-wheels: setup
+	$(PY) benchmarks/gpu_wheels.py --python 3.12 --dest .whl
+
+# On a GPU node, from the project root: this project's venv if there is one, else the node's
+# python3 with the wheels of .whl/ (see README.md).
+gpu-check:
+	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) bash benchmarks/gpu_node.sh gpu-check-out
+
 clean:
-	rm -rf runs demo-output .pytest_cache
+	rm -rf runs demo-output .pytest_cache gpu-check-out

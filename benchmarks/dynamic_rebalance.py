@@ -131,13 +131,13 @@ def meter_worker(args) -> None:
 
 
 def meter_overhead(args, plan) -> tuple[float, float]:
-    from utils.jobs.launchers import LocalTorchrun
+    from utils.jobs.launchers import SINGLE_NODE_ARGS, LocalTorchrun
 
     env = LocalTorchrun().environment(plan)
     folder = Path(tempfile.mkdtemp(prefix="meter-overhead-"))
     out, log = folder / "times.json", folder / "ranks.log"
     with open(log, "wb") as sink:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *SINGLE_NODE_ARGS, "--nproc-per-node=2",
                                __file__, "--meter-worker", f"--device={plan.device}", f"--out={out}",
                                f"--steps={args.steps}", f"--freeze-step={args.freeze_step}",
                                f"--micro-batches={args.micro_batches}", f"--meter-steps={args.meter_steps}",

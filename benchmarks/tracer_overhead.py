@@ -32,12 +32,13 @@ def worker(args) -> None:
     import torch
 
     from utils.system.cpu import prepare_cpu_rank
-    from utils.runtime.rank import build_engine
+    from utils.runtime.rank import build_engine, use_device
     from utils.workloads.models import batches, get_model
     from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
 
     spec = job_spec(args)
     device = args.device  # resolved by the parent, which set up this process's environment
+    use_device(device)
     if device == "cpu":
         prepare_cpu_rank()  # as every rank of a real job
     model = get_model(spec.model, spec.model_options)
@@ -76,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from utils.jobs.launchers import LocalTorchrun
+    from utils.jobs.launchers import SINGLE_NODE_ARGS, LocalTorchrun
     from utils.jobs.plan import plan_job
 
     plan = plan_job(job_spec(args))  # checks the spec and the device before anything starts
@@ -85,7 +86,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="tracer-overhead-"))
     out, log = folder / "times.json", folder / "ranks.log"
     with open(log, "wb") as sink:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *SINGLE_NODE_ARGS,
                                f"--nproc-per-node={args.stages}", __file__, "--worker",
                                f"--stages={args.stages}", f"--micro-batches={args.micro_batches}",
                                f"--steps={args.steps}", f"--device={device}", f"--model={args.model}",

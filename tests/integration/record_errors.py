@@ -160,11 +160,13 @@ def _tail(text: str, lines: int = 14) -> str:
 
 
 def record_mistake(case: str) -> dict:
+    from utils.jobs.launchers import SINGLE_NODE_ARGS
+
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(ROOT), "TORCH_EXTENSIONS_DIR": os.environ.get(
                    "TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))}
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", *SINGLE_NODE_ARGS, "--nproc-per-node=2",
                         __file__, "--rank-program", case, out], env=env, timeout=300, capture_output=True)
         errors = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
     return {"errors": [{**e, "traceback": _tail(e["traceback"])} for e in errors]}

@@ -25,8 +25,8 @@ def test_job_succeeds_and_records_everything(four_stage):
     assert run.parts[0] == 0 and run.parts[-1] == 8 and len(run.parts) == 5
     assert sorted(run.peak_memory) == [0, 1, 2, 3] and all(v > 0 for v in run.peak_memory.values())
     # The venv's own interpreter runs torchrun's module: works as pasted, venv activated or not.
-    assert f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=4 -m utils.runtime.rank" \
-        in run.command
+    assert (f"{sys.executable} -m torch.distributed.run --standalone --local-addr=127.0.0.1 --nproc-per-node=4 "
+            "-m utils.runtime.rank") in run.command
     assert run.timeline.steps == [0, 1, 2]
 
 

@@ -162,7 +162,8 @@ def test_the_terminal_command_works_as_pasted(job):
                                                               os.path.join(sys.prefix, "torch_extensions"))
     program = argv[1 + len(settings):]
     assert program[:3] == [sys.executable, "-m", "torch.distributed.run"] and os.path.isabs(program[0])
-    assert program[3:] == ["--standalone", "--nproc-per-node=2", "-m", "utils.runtime.rank", str(job.path)]
+    assert program[3:] == ["--standalone", "--local-addr=127.0.0.1", "--nproc-per-node=2", "-m", "utils.runtime.rank",
+                           str(job.path)]
     # The interpreter it names runs torchrun's module with nothing on the PATH.
     shown = subprocess.run(["env", "-i", *program[:3], "--help"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "--nproc-per-node" in shown.stdout

@@ -127,6 +127,14 @@ TORCHRUN_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\
 TORCHRUN_ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
+#: torchrun's arguments for a job on this machine alone. ``--standalone`` starts the
+#: rendezvous store on a free local port, but the address it hands the workers as
+#: MASTER_ADDR is the host's fully qualified name (torch's ``RendezvousStoreInfo.build``:
+#: ``local_addr or socket.getfqdn()``): in a fresh VM whose hostname does not resolve, every
+#: worker retries that name until the job times out. ``--local-addr`` makes it loopback.
+SINGLE_NODE_ARGS = ("--standalone", "--local-addr=127.0.0.1")
+
+
 class LocalTorchrun(Launcher):
     """``torchrun --standalone --nproc-per-node=N -m utils.runtime.rank RUN_DIR`` on this machine.
 
@@ -154,7 +162,7 @@ class LocalTorchrun(Launcher):
         return next((p.pid for p in self.agents.values()), None)
 
     def _args(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
-        return ["--standalone", f"--nproc-per-node={plan.spec.world_size}", "-m", RANK_PROGRAM,
+        return [*SINGLE_NODE_ARGS, f"--nproc-per-node={plan.spec.world_size}", "-m", RANK_PROGRAM,
                 str(run_dir.path)]
 
     def environment(self, plan: JobPlan) -> dict[str, str]:

@@ -104,7 +104,10 @@ def plan_job(spec: JobSpec) -> JobPlan:
         available = torch.cuda.device_count()
         if here > available:
             raise ValueError(f"the job needs {here} GPUs on this machine (num_stages × data_parallel "
-                             f"over its nodes) but {available} are visible; use fewer stages or device='cpu'")
+                             f"over its nodes) but {available} are visible; use fewer stages or device='cpu' "
+                             "(every rank needs a GPU of its own: NCCL refuses two ranks on one GPU, "
+                             "'Duplicate GPU detected', and DeepSpeed's pipeline sends go through NCCL on CUDA)")
+        notes.append(PAGEABLE_LOADS_NOTE)
     elif spec.device == "auto" and _gpu_count() > 0:
         notes.append(f"device='auto' runs on CPU: {here} ranks need as many GPUs, "
                      f"{_gpu_count()} are visible")
@@ -121,6 +124,14 @@ def plan_job(spec: JobSpec) -> JobPlan:
                    boundaries=tuple(plan_boundaries(spec, model, profile)),
                    method=spec.partition if isinstance(spec.partition, str) else "explicit",
                    threads=rank_threads(here) if device == "cpu" else None, notes=tuple(notes), nodes=nodes)
+
+
+#: Why the first and last stage of a CUDA job show more bubble than compute alone explains.
+PAGEABLE_LOADS_NOTE = (
+    "on CUDA, DeepSpeed copies each micro-batch to the GPU from pageable host memory "
+    "(PipelineEngine._exec_load_micro_batch: x.clone().to(self.device), no pinned memory, no "
+    "non_blocking): the copy blocks the host, so on the first stage (inputs) and the last (labels) "
+    "it counts as bubble, not compute")
 
 
 def _lint(spec: JobSpec, device: str) -> list[str]:

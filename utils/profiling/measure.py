@@ -55,7 +55,24 @@ def measure_layers(model, key: Mapping[str, Any], *, first_layer: int = 0, barri
 
     `first_layer`: where each round-robin round starts (concurrent processes start at
     different layers). `barrier`: waited on after every round, so that concurrent processes
-    run their rounds side by side."""
+    run their rounds side by side.
+
+    On CUDA the layers, their activations and gradients (GBs for ``gpt-large``) are gone when
+    `_measure_rounds` returns, but PyTorch's caching allocator keeps their memory reserved in
+    this process, which is usually the notebook's, on ``cuda:0``, where rank 0 of the next job
+    trains: it is handed back to the device here.
+    """
+    try:
+        return _measure_rounds(model, key, first_layer=first_layer, barrier=barrier)
+    finally:
+        if key["device"] == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _measure_rounds(model, key: Mapping[str, Any], *, first_layer: int, barrier) -> LayerProfile:
+    """`measure_layers`' measurement; every tensor it makes is local to this call."""
     import random
 
     import numpy

@@ -91,10 +91,12 @@ def _resolve_device(device: str) -> str:
 
 
 def _device_name(device: str) -> str:
+    """The model name of the device a profile is for: part of the cache key, so it is read on
+    every job's launch, where a cached profile is looked up. For CUDA it comes from
+    ``nvidia-smi``, not from torch: ``torch.cuda.get_device_name`` initialises CUDA and
+    opens a context (hundreds of MB on the GPU) in the launching process on every launch."""
     if device == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(torch.cuda.current_device())
+        return _gpu_name()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -104,6 +106,27 @@ def _device_name(device: str) -> str:
     import platform
 
     return platform.processor() or platform.machine()
+
+
+def _gpu_name() -> str:
+    """The first visible GPU's name from the driver's ``nvidia-smi`` (GPU 0 of
+    ``CUDA_VISIBLE_DEVICES``, which is where a job's rank 0 and the profiler run). Only when
+    there is no ``nvidia-smi`` does it ask torch, which initialises CUDA."""
+    import shutil
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        select = [f"--id={visible}"] if visible else []
+        done = subprocess.run([smi, *select, "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60)
+        names = done.stdout.strip().splitlines()
+        if done.returncode == 0 and names:
+            return names[0].strip()
+    import torch
+
+    return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
 # --- measuring -----------------------------------------------------------------------------

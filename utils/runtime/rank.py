@@ -204,8 +204,29 @@ def trace(engine, spec: JobSpec, run_dir: RunDir, rank: int, device: str, *, aft
                              before=injector.before if injector is not None else None, after=after)
 
 
+def use_device(device: str) -> None:
+    """Make DeepSpeed's accelerator the plan's `device` (``"cpu"`` or ``"cuda"``).
+
+    DeepSpeed picks its accelerator once, at first use, from ``DS_ACCELERATOR`` or else by
+    probing (`deepspeed.accelerator.real_accelerator`). A rank started without the variable,
+    or with a stale one (a pasted command, another launcher), would otherwise pair DeepSpeed's
+    CPU accelerator with NCCL and ``cuda:N``, or the reverse, and crash. The device the
+    launcher resolved is in the plan; this sets the variable from it before DeepSpeed is
+    imported, and refuses if DeepSpeed already chose another accelerator in this process.
+    """
+    os.environ["DS_ACCELERATOR"] = device
+    chosen = getattr(sys.modules.get("deepspeed.accelerator.real_accelerator"), "ds_accelerator", None)
+    if chosen is not None and chosen._name != device:
+        raise RuntimeError(f"DeepSpeed already uses its {chosen._name!r} accelerator in this process, "
+                           f"but the plan says {device!r}: set DS_ACCELERATOR={device} before importing deepspeed")
+
+
 def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     """This rank's state at the plan's boundaries, and the hooks the spec asks for."""
+    plan = run_dir.read_plan()
+    device = plan["device"]
+    use_device(device)  # before anything below imports DeepSpeed
+
     from utils.runtime.dynamic import Curriculum, Freezer, MicroBatching, Repartitioner
     from utils.runtime.frozen import FrozenPrefix
     from utils.runtime.layercost import LayerCostMeter
@@ -218,9 +239,7 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     from utils.runtime.restart import pending, resume
 
     spec = JobSpec.from_dict(run_dir.read_spec())
-    plan = run_dir.read_plan()
     restart = pending(run_dir)
-    device = plan["device"]
     boundaries = list(restart["new"] if restart else plan["partition"]["parts"])
     if device == "cpu":
         prepare_cpu_rank()  # threads, and the allocator the profile measured with

@@ -7,7 +7,9 @@ DeepSpeed's own ``wall_clock_breakdown`` timers cannot do this: they crash every
 last in 0.19.8 and know nothing of micro-batches.
 
 Clocks: on CPU the host's monotonic clock; on GPU a pair of CUDA events per instruction,
-resolved once per step after a single synchronize, so tracing never serialises the GPU.
+resolved once per step. The CUDA clock synchronizes twice per step, never between
+instructions: at the step's start (so its origin event and the host time read beside it
+coincide) and at its end, before reading the events.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class CudaClock:
         self._origin = torch.cuda.Event(enable_timing=True)
 
     def begin_step(self) -> None:
-        self._torch.cuda.synchronize()
+        self._torch.cuda.synchronize()  # the step's first synchronize: the device is idle now
         self._origin.record()
         self._origin_host = time.perf_counter()
 
@@ -61,7 +63,7 @@ class CudaClock:
         return event
 
     def resolve(self, marks: list) -> list[float]:
-        self._torch.cuda.synchronize()  # the one synchronize per step
+        self._torch.cuda.synchronize()  # the step's second and last synchronize
         return [self._origin_host + self._origin.elapsed_time(m) / 1e3 for m in marks]
 
 
