@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -219,14 +220,20 @@ def main() -> None:
     unknown = sorted(set(chosen) - set(checks))
     if unknown:
         sys.exit(f"unknown check(s) {unknown}; choose from {sorted(checks)}")
-    try:
-        for name in sorted(chosen, key=list(checks).index):
-            started = time.monotonic()
+    failed = []
+    for name in sorted(chosen, key=list(checks).index):
+        started = time.monotonic()
+        try:  # a failing check does not cost the others: a GPU session is short and rare
             checks[name]()
-            results.setdefault("seconds", {})[name] = round(time.monotonic() - started, 1)
-            print(f"[{name}] passed in {results['seconds'][name]} s", flush=True)
-    finally:  # what ran is kept even when a later check fails
-        (out / "gpu_check.json").write_text(json.dumps(results, indent=1))
+        except Exception:  # noqa: BLE001 - reported, then the next check runs
+            traceback.print_exc()
+            failed.append(name)
+        results.setdefault("seconds", {})[name] = round(time.monotonic() - started, 1)
+        print(f"[{name}] {'FAILED' if name in failed else 'passed'} in {results['seconds'][name]} s", flush=True)
+        results["failed"] = failed
+        (out / "gpu_check.json").write_text(json.dumps(results, indent=1))  # kept as far as it got
+    if failed:
+        sys.exit(f"failed: {failed}; results in {out / 'gpu_check.json'}")
     print(f"all checks passed; results in {out / 'gpu_check.json'}")
 
 

@@ -87,12 +87,14 @@ def test_the_kit_installs_offline_beside_a_stand_in_image_and_runs_the_check(tmp
     env.update(PYTHON=str(python), GPU_WHEELS=str(wheels), GPU_CHECK_SITE=str(tmp_path / "site"),
                # the communication op this torch already compiled (a CPU-only op: not on CUDA)
                TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
-    done = subprocess.run(["bash", str(PROJECT_ROOT / "benchmarks" / "gpu_node.sh"), str(out), "--device", "cpu"],
+    # The dynamic check (two more jobs) is left out for test time; it uses the same job path.
+    done = subprocess.run(["bash", str(PROJECT_ROOT / "benchmarks" / "gpu_node.sh"), str(out), "--device", "cpu",
+                           "--only", "job,profile,clocks"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert f"deepspeed from {tmp_path / 'site'}" in done.stdout and "deepspeed 0.19.8" in done.stdout
     results = json.loads((out / "gpu_check.json").read_text())
-    assert set(results["seconds"]) == {"job", "profile", "dynamic", "clocks"}
+    assert set(results["seconds"]) == {"job", "profile", "clocks"} and results["failed"] == []
     assert results["1_stage_job"]["backward_median_ms"] > 0 and results["clocks"]["forward"]["samples"] > 0
     with tarfile.open(out / "gpu_check.tar.gz") as packed:
         names = packed.getnames()

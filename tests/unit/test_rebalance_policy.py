@@ -55,6 +55,9 @@ def test_move_pays_back_exactly_at_the_threshold():
     assert first.saving_per_step == pytest.approx(1.0 - ratio)
     assert first.stage_costs == pytest.approx((6 * MS, 18 * MS))
     assert first.candidate_stage_costs == pytest.approx((12 * MS, 12 * MS))
+    assert first.num_micro_batches == 4  # the count the simulator compared at, kept with the decision
+    assert type(first).from_dict({k: v for k, v in first.to_dict().items() if k != "num_micro_batches"}) \
+        .num_micro_batches is None  # a record made before the count was kept still reads
 
     saving, migration, payback = first.saving_per_step, 3.0, Rebalance().payback
     needed = math.ceil(payback * migration / saving)

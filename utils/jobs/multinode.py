@@ -118,8 +118,12 @@ class TorchrunNodes(LocalTorchrun):
                        run_dir.launcher_log(node.index))
 
     def kill_node(self, index: int) -> None:
-        """Lose node `index` at once, as a power cut would: SIGKILL its agent and its ranks."""
+        """Lose node `index` at once, as a power cut would: SIGKILL its agent and its ranks.
+        Returns once the agent is reaped, so that the failure the other nodes' ranks report
+        next is explained by a lost node (`node_trouble` reads the agent's exit status), not
+        by a rank that vanished."""
         end_process_tree(self.agents[index].pid, grace=0)
+        self.agents[index].wait(timeout=30)
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
         reports = [torchrun_report(read_log(run_dir.launcher_log(i))) for i in self.agents]

@@ -166,6 +166,9 @@ class Decision:
     """Whether to move to `candidate` now."""
     reason: str
     """One English sentence with the figures that decided."""
+    num_micro_batches: int | None = None
+    """The micro-batch count the simulator compared the two partitions at: the count the
+    measured steps ran (None in records made before it was kept)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -217,7 +220,8 @@ def decide(observations: Sequence[LayerCosts], *, step: int, boundaries: Sequenc
     current = tuple(validation.boundaries(boundaries, num_stages=p,
                                           n_layers=len(obs[0].forward) if obs else boundaries[-1]))
     measured = statistics.median(times[-policy.window:]) if times else 0.0
-    base = dict(step=step, boundaries=current, remaining_steps=remaining, migration_seconds=migration)
+    base = dict(step=step, boundaries=current, remaining_steps=remaining, migration_seconds=migration,
+                num_micro_batches=m)
 
     if len(obs) < policy.window or len(times) < policy.window:
         return Decision(**base, candidate=current, layer_forward=(), layer_backward=(), stage_costs=(),

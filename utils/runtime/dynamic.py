@@ -152,6 +152,8 @@ class Repartitioner:
         window = self.policy.window if self.policy else 1
         self.costs: deque[tuple[int, dict[int, tuple[float, float]]]] = deque(maxlen=window)
         self.step_seconds: deque[float] = deque(maxlen=window)
+        self.step_counts: deque[int] = deque(maxlen=window)
+        """The micro-batch count each measured step ran: it varies with token-budget batching."""
         self.rebuild_seconds: float | None = None
         self.measured_migration: float | None = None
         self._fresh_engine = True  # the first step of an engine warms up: not measured
@@ -170,11 +172,13 @@ class Repartitioner:
             return
         self.costs.append((step, costs))
         self.step_seconds.append(seconds)
+        self.step_counts.append(state.engine.micro_batches)
 
     def forget(self) -> None:
         """Costs changed (a move, a freeze): measure afresh before the next decision."""
         self.costs.clear()
         self.step_seconds.clear()
+        self.step_counts.clear()
         self._fresh_engine = True
 
     # --- deciding -----------------------------------------------------------------------------
@@ -216,10 +220,14 @@ class Repartitioner:
                                           self.rebuild_seconds))
         decision = None
         if state.rank == 0:
+            # The steps the window measured ran this many micro-batches (all ranks run the
+            # same count); the spec's count is only the starting one under token-budget batching.
+            count = round(median(self.step_counts)) if self.step_counts else state.spec.micro_batches
+
             def look(migration_seconds: float) -> Decision:
                 return decide(_merge(gathered, state.model.num_layers), step=step,
                               boundaries=state.boundaries, policy=self.policy, schedule=state.spec.schedule,
-                              num_micro_batches=state.spec.micro_batches,
+                              num_micro_batches=count,
                               step_seconds=[max(times) for times in zip(*(g[1] for g in gathered))],
                               remaining_steps=state.spec.steps - step, migration_seconds=migration_seconds)
 
