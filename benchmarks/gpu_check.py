@@ -34,7 +34,6 @@ results are also written to ``OUT/gpu_check.json`` and every run is recorded und
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -96,14 +95,12 @@ def compare_clocks(device: str, results: dict, steps: int = 6) -> None:
     instructions of one engine in this process. Run last: it joins a 1-rank process group."""
     import torch
 
+    from utils.jobs.multinode import free_port
     from utils.runtime.rank import build_engine, use_device
     from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
     from utils.workloads.models import batches, get_model
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     use_device(device)
     spec = job_spec(device, num_stages=1)
     model = get_model(spec.model, spec.model_options)

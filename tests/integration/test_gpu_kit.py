@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from utils.jobs.multinode import free_port
 from utils.system.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
@@ -131,19 +132,11 @@ engine.train_batch(data_iter=batches(model, seed=1, micro_batch_size=spec.micro_
 print("LOADED", json.dumps(loaded))
 os._exit(0)
 """
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0",
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
            "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(PROJECT_ROOT)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     loaded = json.loads(re.search(r"^LOADED (.*)$", done.stdout, re.M).group(1))
     assert loaded == ["deepspeed_shm_comm"], (loaded, done.stderr[-2000:])
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_job_runs_where_the_hostname_does_not_resolve(tmp_path):

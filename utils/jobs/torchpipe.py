@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from utils import validation
+from utils.jobs.multinode import free_port
 from utils.planning.schedules import Schedule, build_schedule
 from utils.planning.whatif import predict_from_timeline
 from utils.system.cpu import rank_threads
@@ -176,15 +176,9 @@ def run_torch_pipeline(schedules: Sequence[str] = ("1f1b", "interleaved-1f1b"), 
     return TorchPipelineRun(timelines, losses, ranks, micro_batches, wall, tuple(notes))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch_and_wait(work: Path, ranks: int, threads: int, timeout: float) -> None:
     env = dict(os.environ)
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(ranks),
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks),
                 "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))})
     procs: list[subprocess.Popen] = []
