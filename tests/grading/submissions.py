@@ -616,6 +616,17 @@ def assert_nothing_hidden_leaks(lab: LabSource, out: Path) -> None:
         assert not leaked, f"{path.name} shows hidden test code: {leaked[:3]}"
 
 
+def assert_solution_full_and_copy_empty(results: dict, lab: LabSource) -> None:
+    """The solution ("correct") earns every task's points without an error; the generated
+    student copy ("empty") earns none, each check failing on the stub's NotImplementedError."""
+    full = {name: task.points for name, task in lab.tasks.items()}
+    correct, empty = results["correct"], results["empty"]
+    assert correct.per_task(lab) == full, [(c.id, c.message) for c in correct.checks]
+    assert not correct.error
+    assert empty.per_task(lab) == dict.fromkeys(full, 0)
+    assert all("NotImplementedError" in c.message for c in empty.checks)
+
+
 def validate_and_grade(lab: LabSource, tmp: Path, notebooks: dict[str, str], *, validate_timeout: float,
                        timeout: float = TEST_TIMEOUT, record_timings=None) -> tuple[dict, Path, Path]:
     """What the grading test of a lab with real jobs does: `validate` (the lab source's jobs run
