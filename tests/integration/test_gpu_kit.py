@@ -86,8 +86,10 @@ def test_the_kit_installs_offline_beside_a_stand_in_image_and_runs_the_check(tmp
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "WORKBOOK_RUNS")}
     env.update(PYTHON=str(python), GPU_WHEELS=str(wheels), GPU_CHECK_SITE=str(tmp_path / "site"),
-               # the communication op this torch already compiled (a CPU-only op: not on CUDA)
-               TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")))
+               # A private build folder: the kit's DeepSpeed lives elsewhere, so its CPU-only
+               # communication op (none on CUDA) compiles with other include paths. Built in the
+               # shared folder it would make the next job of the suite compile it back (~30 s).
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
     # The dynamic check (two more jobs) is left out for test time; it uses the same job path.
     done = subprocess.run(["bash", str(PROJECT_ROOT / "benchmarks" / "gpu_node.sh"), str(out), "--device", "cpu",
                            "--only", "job,profile,clocks"],
@@ -133,7 +135,10 @@ print("LOADED", json.dumps(loaded))
 os._exit(0)
 """
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
-           "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(PROJECT_ROOT)}
+           "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(PROJECT_ROOT),
+           # the jobs' build folder (launchers.py), where the CPU comm op is already built: torch's
+           # default, ~/.cache, may hold it built for another environment and rebuild it (~30 s)
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     loaded = json.loads(re.search(r"^LOADED (.*)$", done.stdout, re.M).group(1))
     assert loaded == ["deepspeed_shm_comm"], (loaded, done.stderr[-2000:])
