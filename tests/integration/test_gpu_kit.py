@@ -104,7 +104,7 @@ def test_the_kit_installs_offline_beside_a_stand_in_image_and_runs_the_check(tmp
     assert "gpu_check.json" in names and any(n.startswith("runs/") and n.endswith("spec.json") for n in names)
 
 
-def test_deepspeed_compiles_no_op_for_a_cuda_job():
+def test_deepspeed_compiles_no_op_for_a_cuda_job(tmp_path):
     """A change that pulls in FusedAdam (or any compiled op) fails here. The job's config asks
     for torch's Adam (``torch_adam``); on CPU the only op DeepSpeed builds is its shared-memory
     communication op, which its CUDA accelerator does not have: so none on CUDA."""
@@ -136,9 +136,10 @@ os._exit(0)
 """
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
            "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(PROJECT_ROOT),
-           # the jobs' build folder (launchers.py), where the CPU comm op is already built: torch's
-           # default, ~/.cache, may hold it built for another environment and rebuild it (~30 s)
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))}
+           # A private build folder (it builds the op once, ~30 s): in the jobs' folder this probe
+           # and the next job each rebuilt it, build.ninja unchanged (seen in a full run; likely
+           # two `ninja`s, the system's and pip's, whose build logs differ in version).
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     loaded = json.loads(re.search(r"^LOADED (.*)$", done.stdout, re.M).group(1))
     assert loaded == ["deepspeed_shm_comm"], (loaded, done.stderr[-2000:])
