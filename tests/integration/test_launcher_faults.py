@@ -120,9 +120,7 @@ def test_running_command_txt_again_records_a_new_run(runs_root, tmp_path):
     before = {name: (run.path / name).read_bytes() for name in records}
     assert len(records) == 4
 
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=str(tmp_path),
-               TORCH_EXTENSIONS_DIR=str(_extensions_dir()),
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=str(tmp_path), TORCH_EXTENSIONS_DIR=str(_extensions_dir()))
     done = subprocess.run(["bash", "-c", run.command], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

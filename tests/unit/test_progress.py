@@ -160,6 +160,8 @@ def test_the_terminal_command_works_as_pasted(job):
     # The folder holding the compiled communication op: without it a terminal run compiles it again.
     assert settings["TORCH_EXTENSIONS_DIR"] == os.environ.get("TORCH_EXTENSIONS_DIR",
                                                               os.path.join(sys.prefix, "torch_extensions"))
+    # The venv's bin first, as the job itself ran: its ninja built the op (Debian's would rebuild it).
+    assert settings["PATH"] == f"{os.path.dirname(sys.executable)}:$PATH" and '"$PATH"' in rest
     program = argv[1 + len(settings):]
     assert program[:3] == [sys.executable, "-m", "torch.distributed.run"] and os.path.isabs(program[0])
     assert program[3:] == ["--standalone", "--local-addr=127.0.0.1", "--nproc-per-node=2", "-m", "utils.runtime.rank",
@@ -193,3 +195,16 @@ def test_the_run_panel_names_the_same_phases(job):
     job.run_dir = None
     panel._show_progress(job, [])
     assert "starting 2 processes" in panel.status.value
+
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.mark.parametrize(("path", "ranks_path"), [("/usr/bin:/bin", f"{BIN}:/usr/bin:/bin"),
+                                                  (f"{BIN}:/usr/bin", f"{BIN}:/usr/bin")])
+def test_the_ranks_build_ops_with_this_interpreters_ninja(monkeypatch, path, ranks_path):
+    """Jobs from a plain shell and from a kernel with the venv first on its PATH took Debian's
+    and pip's ninja in turn, and each rebuilt DeepSpeed's comm op (~35 s a job)."""
+    monkeypatch.setenv("PATH", path)
+    env = LocalTorchrun().environment(plan_job(JobSpec(num_stages=2, device="cpu", partition="uniform")))
+    assert env["PATH"] == ranks_path

@@ -42,6 +42,8 @@ RANK_PROGRAM = "utils.runtime.rank"
 """The module every rank runs: ``python -m utils.runtime.rank RUN_DIR``."""
 SHOWN_ENVIRONMENT = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR")
 """The launch environment a pasted command repeats (the rest is the terminal's own)."""
+INTERPRETER_BIN = str(Path(sys.executable).parent)
+"""This interpreter's scripts folder, first on the ranks' PATH (its ``ninja`` builds the ops)."""
 WARM_LOAD_SECONDS = 2.0
 """Longer than a load of an already compiled op holds its build lock."""
 
@@ -173,6 +175,13 @@ class LocalTorchrun(Launcher):
         # DeepSpeed JIT-builds a comm op per torch install; a cache per environment keeps two
         # environments (say a checkout and its CI clone) from rebuilding it for each other.
         env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+        # ... and one ninja builds it: this interpreter's (pip's, a DeepSpeed dependency), as in
+        # an activated venv. Debian's ninja 1.11 and pip's 1.13 rewrite each other's build log
+        # (v5, v7) and each then rebuilds the op (~35 s): jobs from a plain shell and from a
+        # kernel whose PATH starts with the venv rebuilt it for each other, job after job.
+        path = env.get("PATH", os.defpath)
+        if path.split(os.pathsep)[0] != INTERPRETER_BIN:
+            env["PATH"] = os.pathsep.join([INTERPRETER_BIN, path])
         # The process group must outlive the job's own timeout, so the launcher reports hangs.
         env["DEEPSPEED_TIMEOUT"] = str(int(plan.spec.timeout // 60) + 2)
         # The ranks exit when this process is gone (a killed notebook, a script that ended).
@@ -190,7 +199,8 @@ class LocalTorchrun(Launcher):
         interpreter (an absolute path) and runs ``-m torch.distributed.run``, torchrun's own
         module. ``env`` sets what the ranks need to run as the notebook ran them (threads per
         rank, the device, the extensions folder holding DeepSpeed's compiled communication op:
-        without it a terminal run would compile it again, for minutes) in any POSIX shell.
+        without it a terminal run would compile it again, for minutes; the venv's ``bin`` first
+        on the PATH, for the ninja that built it) in any POSIX shell.
         Run so, rank 0 prints its phases and steps to the terminal (`utils.runtime.rank`).
         """
         return self.shell_line(plan, self.argv(plan, run_dir))
@@ -201,7 +211,8 @@ class LocalTorchrun(Launcher):
         env = self.environment(plan)
         shown = [f"{k}={env[k]}" for k in SHOWN_ENVIRONMENT if k in env]
         shown += [f"{k}={v}" for k, v in (extra or {}).items()]
-        return f"cd {shlex.quote(str(PROJECT_ROOT))} && {shlex.join(['env', *shown, *argv])}"
+        path = f'PATH={shlex.quote(INTERPRETER_BIN)}:"$PATH"'  # the shell expands $PATH: not quoted
+        return f"cd {shlex.quote(str(PROJECT_ROOT))} && env {path} {shlex.join([*shown, *argv])}"
 
     def argv(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         """The launcher's argument vector: this interpreter running torchrun's module."""
