@@ -59,6 +59,7 @@ metrics_shortcut   labs 1 and 2: the answers call the library's metrics instead 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from utils.grading.notebook_source import BEGIN_SOLUTION, END_SOLUTION, LabSource, hidden_regions
@@ -627,17 +628,32 @@ def assert_solution_full_and_copy_empty(results: dict, lab: LabSource) -> None:
     assert all("NotImplementedError" in c.message for c in empty.checks)
 
 
+def solution_runs(lab: LabSource) -> Path | None:
+    """The runs nbval's execution of `lab`'s solution left in this session (the root
+    conftest gives each solution notebook a runs folder of its own and runs the grading
+    tests after the notebooks), or None when it did not run: the lab's real jobs, run by the
+    lab's own cells. An unsuccessful one is there too but never reused (`utils.find_run`)."""
+    base = os.environ.get("WORKBOOK_TEST_SOLUTION_RUNS")
+    folder = Path(base) / lab.path.stem if base else None
+    return folder if folder is not None and folder.is_dir() and any(folder.iterdir()) else None
+
+
 def validate_and_grade(lab: LabSource, tmp: Path, notebooks: dict[str, str], *, validate_timeout: float,
                        timeout: float = TEST_TIMEOUT, record_timings=None) -> tuple[dict, Path, Path]:
-    """What the grading test of a lab with real jobs does: `validate` (the lab source's jobs run
-    once and are recorded; the solution graded as ``correct``, the student copy as ``empty``),
-    then every notebook of `notebooks` (kind -> text) graded with the recorded runs, two at a
-    time. The runs the graded kernels ended with are kept in ``tmp / "kept-runs"``. Returns
-    (results by kind, the output folder, the recorded runs folder)."""
+    """What the grading test of a lab with real jobs does: `validate` (the solution graded as
+    ``correct``, the student copy as ``empty``, with the lab's jobs recorded once), then every
+    notebook of `notebooks` (kind -> text) graded with the recorded runs, two at a time. The
+    runs the graded kernels ended with are kept in ``tmp / "kept-runs"``. Returns (results by
+    kind, the output folder, the recorded runs folder).
+
+    The lab's jobs ran under nbval when its solution executed earlier in the session: those
+    runs go to `validate` as recorded runs (`solution_runs`), so they are not run a second
+    time in a judge; the recording path itself is lab 1's test. Run alone, `validate` records."""
     from utils.grading import Options, grade_batch, validate
     from utils.grading.batch import write_outputs
 
-    solution, empty = validate(lab.path, tmp / "validate", options=Options(timeout=validate_timeout))
+    solution, empty = validate(lab.path, tmp / "validate",
+                               options=Options(timeout=validate_timeout, runs=solution_runs(lab)))
     solution.student, empty.student = "correct", "empty"
     recorded = tmp / "validate" / "recorded-runs"
     folder = tmp / "submissions"
