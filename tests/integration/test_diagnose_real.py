@@ -92,7 +92,7 @@ def test_one_slow_stage_among_four_is_found_by_its_peer(runs_root):
 
 
 def test_a_hang_ends_within_its_timeout_with_every_ranks_stacks(runs_root):
-    timeout = 30
+    timeout = 15
     started = time.time()
     with pytest.raises(JobFailed) as caught:
         run_job(_spec(Fault(kind="hang", stage=1, step=1), timeout=timeout), progress=False)

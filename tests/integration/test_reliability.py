@@ -63,9 +63,9 @@ def test_an_unwritable_record_fails_the_job_with_the_reason(runs_root, monkeypat
 def test_a_job_too_slow_for_its_timeout_is_not_called_hung(runs_root):
     # Before: "no progress to the end ..." and the hint about ranks blocked in recv.
     with pytest.raises(JobFailed) as caught:
-        run_job(JobSpec(**{**LONG, "timeout": 25.0}), progress=False)
+        run_job(JobSpec(**{**LONG, "timeout": 12.0}), progress=False)
     message = str(caught.value)
-    assert "too slow for timeout=25 s" in message and "s/step" in message, message
+    assert "too slow for timeout=12 s" in message and "s/step" in message, message
     assert "recv" not in message
     assert caught.value.run.state == "timeout" and processes_of(caught.value.run.path) == []
 
@@ -85,7 +85,7 @@ def test_a_killed_torchrun_is_named(runs_root):
 def test_a_frozen_rank_is_named_in_the_hang_report(runs_root):
     # Before, the report showed rank 1 in recv_* and rank 0 in send_*, and could not say which
     # one was stuck.
-    job = start_job(JobSpec(**{**LONG, "timeout": 30.0}))
+    job = start_job(JobSpec(**{**LONG, "timeout": 15.0}))
     _wait_for_steps(job, 2)
     job.launcher.workers()[1].send_signal(signal.SIGSTOP)
     with pytest.raises(JobFailed) as caught:
