@@ -121,5 +121,4 @@ def remap_optimizer(engine, model, folder, *, old: Sequence[int], new: Sequence[
 
 
 def _param_names(model) -> list[list[str]]:
-    with torch.device("meta"):
-        return [[name for name, _ in layer.build().named_parameters()] for layer in model.layers]
+    return [[name for name, _ in layer.named_parameters()] for layer in model.meta_layers()]

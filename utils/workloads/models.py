@@ -31,8 +31,24 @@ import numpy
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from utils import validation
+
+
+class _SkipInit(TorchFunctionMode):
+    """Inside it (this thread only), the ``torch.nn.init`` functions leave their tensor as is.
+
+    Why: ``normal_`` on a meta tensor runs torch's Python reference (``torch._refs.normal_``),
+    whose ``_disable_dynamo`` wrapper imports ``torch._dynamo`` on first use: 1.6 s in every
+    kernel that plans a job (measured; building the layers takes ~5 ms without it). A meta
+    tensor holds no values, so skipping the initialisation loses nothing.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":  # nn.init.normal_(tensor, ...) and the like
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 # --- layers --------------------------------------------------------------------------------
@@ -192,8 +208,13 @@ class Model:
 
     def param_counts(self) -> list[int]:
         """Parameters per layer, counted on the meta device (nothing is allocated)."""
-        with torch.device("meta"):
-            return [sum(p.numel() for p in layer.build().parameters()) for layer in self.layers]
+        return [sum(p.numel() for p in layer.parameters()) for layer in self.meta_layers()]
+
+    def meta_layers(self) -> list[nn.Module]:
+        """The layers built on the meta device and left uninitialised: their parameters'
+        names and shapes, with no memory allocated and no random numbers drawn."""
+        with torch.device("meta"), _SkipInit():
+            return [layer.build() for layer in self.layers]
 
     def build_sequential(self, *, seed: int) -> nn.Sequential:
         """All layers in one module, seeded exactly as `PipelineModule(seed_layers=True,
