@@ -26,7 +26,7 @@ def _spec(steps: int) -> str:
 
 #: Seconds the interrupted cell runs before nbclient presses ■ (interrupts the kernel): enough for a
 #: warm job (the first cell compiled DeepSpeed's op if it had to) to train some steps.
-INTERRUPT_AFTER = 20
+INTERRUPT_AFTER = 12
 
 
 def _notebook(runs_root: Path):
