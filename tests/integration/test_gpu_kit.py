@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from utils.jobs.launchers import INTERPRETER_BIN
 from utils.jobs.multinode import free_port
 from utils.system.paths import PROJECT_ROOT
 
@@ -136,10 +137,11 @@ os._exit(0)
 """
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
            "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(PROJECT_ROOT),
-           # A private build folder (it builds the op once, ~30 s): in the jobs' folder this probe
-           # and the next job each rebuilt it, build.ninja unchanged (seen in a full run; likely
-           # two `ninja`s, the system's and pip's, whose build logs differ in version).
-           "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")}
+           # The jobs' build folder and their ninja (`LocalTorchrun.environment`): the op the
+           # jobs built is loaded, not built again (~30 s); with another ninja it was rebuilt,
+           # here and then by the next job (the two ninjas' build logs differ in version).
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")),
+           "PATH": os.pathsep.join([INTERPRETER_BIN, os.environ["PATH"]])}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     loaded = json.loads(re.search(r"^LOADED (.*)$", done.stdout, re.M).group(1))
     assert loaded == ["deepspeed_shm_comm"], (loaded, done.stderr[-2000:])

@@ -5,6 +5,7 @@ a prepared run reads back as what its ranks wrote."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -112,6 +113,7 @@ def test_prepared_commands_carry_the_token_and_the_slurm_script_is_valid(tmp_pat
     assert (args.nnodes, args.nproc_per_node, args.rdzv_endpoint, args.rdzv_id) == ("2", "2", "node-a:"
                                                                                    + args.rdzv_endpoint[7:], "42")
     assert args.training_script_args == [str(prepared.path)] and argv[argv.index("-m") - 1] == sys.executable
+    assert f'export PATH={os.path.dirname(sys.executable)}:"$PATH"' in prepared.slurm.splitlines()  # the jobs' ninja
 
 
 def test_a_one_node_job_has_one_command(tmp_path):

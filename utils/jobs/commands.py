@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.jobs.hosts import Node
-from utils.jobs.launchers import RANK_PROGRAM, LocalTorchrun
+from utils.jobs.launchers import INTERPRETER_BIN, RANK_PROGRAM, LocalTorchrun
 from utils.jobs.multinode import DeepSpeedRunner, TorchrunNodes, launcher_for
 from utils.jobs.plan import JobPlan, plan_job
 from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir
@@ -115,5 +115,7 @@ def slurm_script(plan: JobPlan, run_dir: RunDir, launcher: LocalTorchrun) -> str
         "set -euo pipefail",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"cd {shlex.quote(str(PROJECT_ROOT))}",
+        "# This venv's bin first, as for every job: its ninja builds DeepSpeed's ops (srun passes PATH on).",
+        f'export PATH={shlex.quote(INTERPRETER_BIN)}:"$PATH"',
         f'srun --kill-on-bad-exit=1 {fixed} --rdzv-endpoint="$head_node:{port}" --rdzv-id="$SLURM_JOB_ID" {after}',
         ""])
