@@ -64,7 +64,7 @@ def graded(recorded, tmp_path_factory, record_timings):
     _, runs = recorded
     tmp = tmp_path_factory.mktemp("lab02")
     write_all(LAB, list(EXPECTED), tmp / "submissions")
-    results = grade_batch(LAB.path, tmp / "submissions", tmp / "out", workers=3,
+    results = grade_batch(LAB.path, tmp / "submissions", tmp / "out", workers=2,
                           options=Options(timeout=TEST_TIMEOUT, runs=runs))
     record_timings(LAB, results)
     return {r.student: r for r in results}, tmp / "out"
