@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from utils.jobs.launchers import INTERPRETER_BIN
+from utils.jobs.launchers import ranks_path
 from utils.jobs.multinode import free_port
+from utils.system.extensions import extensions_dir
 from utils.system.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
@@ -140,8 +141,7 @@ os._exit(0)
            # The jobs' build folder and their ninja (`LocalTorchrun.environment`): the op the
            # jobs built is loaded, not built again (~30 s); with another ninja it was rebuilt,
            # here and then by the next job (the two ninjas' build logs differ in version).
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions")),
-           "PATH": os.pathsep.join([INTERPRETER_BIN, os.environ["PATH"]])}
+           "TORCH_EXTENSIONS_DIR": str(extensions_dir()), "PATH": ranks_path(os.environ["PATH"])}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     loaded = json.loads(re.search(r"^LOADED (.*)$", done.stdout, re.M).group(1))
     assert loaded == ["deepspeed_shm_comm"], (loaded, done.stderr[-2000:])

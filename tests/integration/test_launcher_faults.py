@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import SMALL_GPT, processes_of
 from utils import JobSpec, Run, run_job, start_job
+from utils.system.extensions import extensions_dir
 from utils.system.procs import end_process_tree
 
 pytestmark = pytest.mark.integration
@@ -26,15 +27,10 @@ def _small(**extra):
     return JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, **{"steps": 3, **extra})
 
 
-def _extensions_dir() -> Path:
-    """Where the launcher lets the ranks build DeepSpeed's ops (see LocalTorchrun.environment)."""
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path(sys.prefix) / "torch_extensions")
-
-
 def test_a_stale_build_lock_does_not_hang_the_job(runs_root, tmp_path, monkeypatch):
     """A job stopped while its ranks JIT-built DeepSpeed's op leaves the build lock behind;
     every later rank would wait for it forever."""
-    built = _extensions_dir() / "deepspeed_shm_comm"
+    built = extensions_dir() / "deepspeed_shm_comm"
     if not (built / "deepspeed_shm_comm.so").exists():  # a fresh environment: build it once
         run_job(_small(steps=1), progress=False)
     extensions = tmp_path / "torch_extensions"
@@ -120,7 +116,7 @@ def test_running_command_txt_again_records_a_new_run(runs_root, tmp_path):
     before = {name: (run.path / name).read_bytes() for name in records}
     assert len(records) == 4
 
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=str(tmp_path), TORCH_EXTENSIONS_DIR=str(_extensions_dir()))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=str(tmp_path), TORCH_EXTENSIONS_DIR=str(extensions_dir()))
     done = subprocess.run(["bash", "-c", run.command], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -69,6 +69,8 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from utils.system.extensions import extensions_dir
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MODES = ("bwrap", "none")
 """``Limits.isolation``: ``"bwrap"`` (the default: isolate, or refuse to grade) or ``"none"``."""
@@ -142,10 +144,6 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def _default_extensions() -> Path:
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path(sys.prefix) / "torch_extensions")
-
-
 @dataclass(frozen=True)
 class Isolation:
     """How one submission's kernel is isolated; `scratch` is its working directory."""
@@ -159,7 +157,7 @@ class Isolation:
     """Size of the private ``/tmp`` (memory-backed)."""
     shm_gb: float = 2.0
     """Size of the private ``/dev/shm`` (DeepSpeed's CPU comm op and torch use it)."""
-    extensions: Path = field(default_factory=_default_extensions)
+    extensions: Path = field(default_factory=extensions_dir)
     """Built torch extensions copied into the scratch directory (read here, never written)."""
     token: str = field(default_factory=lambda: secrets.token_hex(4))
     """Names this kernel's connection file and sockets."""

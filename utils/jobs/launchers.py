@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
-from utils.system.extensions import LOCK_NAME, build_locks, remove_stale_build_locks
+from utils.system.extensions import LOCK_NAME, build_locks, extensions_dir, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
 from utils.system.procs import end_process_tree
 
@@ -46,6 +46,15 @@ INTERPRETER_BIN = str(Path(sys.executable).parent)
 """This interpreter's scripts folder, first on the ranks' PATH (its ``ninja`` builds the ops)."""
 WARM_LOAD_SECONDS = 2.0
 """Longer than a load of an already compiled op holds its build lock."""
+
+def ranks_path(path: str) -> str:
+    """`path` with `INTERPRETER_BIN` first: the ranks' PATH, so that one ninja builds DeepSpeed's
+    ops, this interpreter's (pip's, a DeepSpeed dependency), as in an activated venv. Debian's
+    ninja 1.11 and pip's 1.13 rewrite each other's build log (v5, v7) and each then rebuilds the
+    op (~35 s): jobs from a plain shell and from a kernel whose PATH starts with the venv rebuilt
+    it for each other, job after job."""
+    return path if path.split(os.pathsep)[0] == INTERPRETER_BIN else os.pathsep.join([INTERPRETER_BIN, path])
+
 
 @dataclass(frozen=True)
 class ExitReport:
@@ -172,16 +181,9 @@ class LocalTorchrun(Launcher):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         env["DS_ACCELERATOR"] = plan.device
-        # DeepSpeed JIT-builds a comm op per torch install; a cache per environment keeps two
-        # environments (say a checkout and its CI clone) from rebuilding it for each other.
-        env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-        # ... and one ninja builds it: this interpreter's (pip's, a DeepSpeed dependency), as in
-        # an activated venv. Debian's ninja 1.11 and pip's 1.13 rewrite each other's build log
-        # (v5, v7) and each then rebuilds the op (~35 s): jobs from a plain shell and from a
-        # kernel whose PATH starts with the venv rebuilt it for each other, job after job.
-        path = env.get("PATH", os.defpath)
-        if path.split(os.pathsep)[0] != INTERPRETER_BIN:
-            env["PATH"] = os.pathsep.join([INTERPRETER_BIN, path])
+        # DeepSpeed JIT-builds a comm op per torch install, in one folder per environment ...
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir())
+        env["PATH"] = ranks_path(env.get("PATH", os.defpath))
         # The process group must outlive the job's own timeout, so the launcher reports hangs.
         env["DEEPSPEED_TIMEOUT"] = str(int(plan.spec.timeout // 60) + 2)
         # The ranks exit when this process is gone (a killed notebook, a script that ended).

@@ -17,11 +17,19 @@ shared by one user in practice.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+def extensions_dir() -> Path:
+    """Where jobs JIT-build DeepSpeed's ops: ``$TORCH_EXTENSIONS_DIR``, else a folder inside this
+    environment (a cache per environment keeps two environments, say a checkout and its CI
+    clone, from rebuilding the op for each other)."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path(sys.prefix) / "torch_extensions")
+
 
 LOCK_NAME = "lock"
 """The file name torch's JIT build gives its lock, in each op's build directory."""
