@@ -332,6 +332,9 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
         (workdir / IPYTHON_DIR).mkdir(exist_ok=True)  # the kernel's IPYTHONDIR: fresh, the grader's
         steps = [Cell(p.source, p.timeout) if p.check is None else JudgedCheck(p.check, p.timeout, judge)
                  for p in planned]
+        first_check = next((p.check for p in planned if p.check is not None), None)
+        if first_check is not None:
+            judge.prepare_early(first_check)
         try:
             outcomes = await run_cells(steps, workdir, kernel_env(workdir, PROJECT_ROOT), limits, log=log,
                                        on_step=_progress_writer(planned, options.progress_path))

@@ -82,6 +82,7 @@ class Judge:
         self.prepare_timeout = prepare_timeout
         self.proc: asyncio.subprocess.Process | None = None
         self.log = workdir / "judge.log"
+        self._early: asyncio.Task | None = None
 
     async def _start(self) -> None:
         await self.stop()
@@ -117,8 +118,23 @@ class Judge:
             return self.log.read_text(encoding="utf-8", errors="replace")[-2000:]
         return ""
 
+    def prepare_early(self, check: Check) -> None:
+        """Start the judge and run the reference up to `check` (the first check) in the
+        background now, while the kernel starts and runs the cells before it: a judge's start
+        and reference take seconds (``import torch`` among them), which then overlap the
+        kernel's instead of following them. `prepare` waits for it; should it fail, `prepare`
+        tries again and reports what fails. Call it from the running event loop."""
+        self._early = asyncio.ensure_future(self._prepare(check))
+
     async def prepare(self, check: Check) -> None:
         """Run the reference up to `check` (starting a judge first if none is alive)."""
+        early, self._early = self._early, None
+        if early is not None:
+            with contextlib.suppress(Exception):  # JudgeError: tried again below, where it counts
+                await early
+        await self._prepare(check)
+
+    async def _prepare(self, check: Check) -> None:
         for attempt in (1, 2):
             if self.proc is None or self.proc.returncode is not None:
                 await self._start()
@@ -211,6 +227,12 @@ class Judge:
                            student=bool(message.get("student")))
 
     async def stop(self) -> None:
+        early = self._early
+        if early is not None and early is not asyncio.current_task():  # (`_start` stops from inside it)
+            self._early = None
+            early.cancel()
+            with contextlib.suppress(BaseException):
+                await early
         proc, self.proc = self.proc, None
         if proc is None:
             return

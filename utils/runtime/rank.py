@@ -322,8 +322,9 @@ def report(state: RankState) -> None:
     parts = list(state.engine.module.parts)
     # A fingerprint of every local layer's final weights (sum, sum of squares in float64):
     # enough to tell a frozen layer that never changed, or two runs that ended alike.
-    fingerprints = {str(i): [sum(float(p.double().sum()) for p in layer.parameters()),
-                             sum(float(p.double().square().sum()) for p in layer.parameters())]
+    # Detached: float() of a tensor that requires grad warns in every rank's log.
+    fingerprints = {str(i): [sum(float(p.detach().double().sum()) for p in layer.parameters()),
+                             sum(float(p.detach().double().square().sum()) for p in layer.parameters())]
                     for i, layer in local_layers(state.engine).items()}
     state.run_dir.write_result(state.rank, {
         "rank": state.rank, "stage": state.stage, "replica": state.replica, "parts": parts,
