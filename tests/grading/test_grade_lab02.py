@@ -1,9 +1,10 @@
 """Grading lab 2, which starts with a real DeepSpeed job.
 
-The lab's own solution is graded first, in a fresh kernel that launches the real job; the
-run it records is then handed to every prepared submission (``grade --runs``), as an
-instructor does for a class: the lab reuses a recorded run whose spec matches, so each
-submission is graded in seconds. Every kind of submission is scored exactly.
+The lab's job ran once, when nbval executed the solution (or, this file run alone, in a
+judge, as `validate` records it); the solution and every prepared submission are graded with
+that recorded run (``grade --runs``), as an instructor does for a class: the lab reuses a
+recorded run whose spec matches, so each submission is graded in seconds. Every kind of
+submission is scored exactly.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import csv
 
 import pytest
 
-from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, write_all
+from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, solution_runs, write_all
 from utils.grading import Options, grade_batch
 from utils.grading.grade import record_reference_runs
 from utils.grading.notebook_source import LabSource, find_lab
@@ -47,12 +48,15 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory, record_timings):
-    """The lab source's real job, recorded once (as `validate` does); the solution graded with it."""
+    """The lab's real job as nbval's run of the solution left it (`solution_runs`), else
+    recorded once in a judge (as `validate` does); the solution graded with it."""
     tmp = tmp_path_factory.mktemp("lab02-solution")
     (tmp / "submissions").mkdir()
     (tmp / "submissions" / "solution.ipynb").write_bytes(LAB.path.read_bytes())
-    runs = tmp / "recorded-runs"
-    record_reference_runs(LAB, runs, timeout=TEST_TIMEOUT)
+    runs = solution_runs(LAB)
+    if runs is None:  # this file run alone
+        runs = tmp / "recorded-runs"
+        record_reference_runs(LAB, runs, timeout=TEST_TIMEOUT)
     results = grade_batch(LAB.path, tmp / "submissions", tmp / "out", workers=1,
                           options=Options(timeout=TEST_TIMEOUT, runs=runs))
     record_timings(LAB, results)
