@@ -12,7 +12,7 @@ import torch
 
 from utils.jobs.errors import explain
 from utils.planning.partitioning import partition_layers
-from utils.workloads import models
+from utils.workloads import presets
 from utils.workloads.mistakes import MISTAKES, MistakeModel, TiedLayerDef, tied_head, trace_layers
 from utils.workloads.models import Embedding, get_model
 
@@ -45,7 +45,7 @@ def test_every_mistake_preset_resolves_builds_and_splits_after_the_tagger(name):
     assert specs[0].key == specs[-1].key == "embed"
     # partition="uniform" on 2 stages: layer 2's output is what crosses the boundary
     assert partition_layers(model.param_counts(), 2, method="uniform") == [0, 3, 6]
-    assert name not in models.PRESETS and name in models.HIDDEN_PRESETS  # menus do not offer broken ones
+    assert name not in presets.PRESETS and name in presets.HIDDEN_PRESETS  # menus do not offer broken ones
     assert MISTAKES[name].wrong and MISTAKES[name].fix
 
 

@@ -30,7 +30,7 @@ from utils.jobs.errors import engine_instruction_of, explain
 from utils.jobs.rundir import StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, parse_stacks, stack_summary
-from utils.workloads.models import get_model
+from utils.workloads.presets import model_shape
 
 __all__ = ["diagnose", "parse_status", "waits_for"]
 
@@ -312,7 +312,7 @@ def _in_injected_hang(stack: ThreadStack | None) -> bool:
 # --- succeeded ------------------------------------------------------------------------------------
 def _succeeded(run: Run) -> tuple[str, list[Symptom]]:
     parts = run.parts if len(run.partitions) == 1 else None  # peers by layers only while the partition holds
-    names = get_model(run.spec.model, run.spec.model_options).layer_names if parts else None
+    names = list(model_shape(run.spec.model, run.spec.model_options).layer_names) if parts else None
     findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs,
                                     step_memory=run.step_memory,
                                     stage_layers=[names[a:b] for a, b in zip(parts, parts[1:])] if parts else None)

@@ -25,7 +25,7 @@ from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, Precision
 from utils.planning.microbatching import Batching, MicroBatchOrder, MicroBatchPolicy
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
-from utils.workloads.models import get_model
+from utils.workloads.presets import model_shape
 
 if TYPE_CHECKING:
     from utils.jobs.configlint import Finding
@@ -240,7 +240,7 @@ class JobSpec:
             raise TypeError(f"model must be a preset name such as 'gpt', got {self.model!r}")
         if not isinstance(self.model_options, Mapping) or not all(isinstance(k, str) for k in self.model_options):
             raise TypeError(f"model_options must be a dict of option name -> int, got {self.model_options!r}")
-        n = get_model(self.model, self.model_options).num_layers
+        n = model_shape(self.model, self.model_options).num_layers
         if self.num_stages > n:
             raise ValueError(f"num_stages={self.num_stages} but model {self.model!r} has only {n} layers: "
                              f"every stage needs at least one layer; use num_stages <= {n} or more blocks "

@@ -1,10 +1,5 @@
-"""What the jobs train: model presets as DeepSpeed `LayerSpec` lists with realistic, uneven
-layer costs (`models`), their synthetic data, and a single-process reference (`reference`)
-that a pipeline's losses must match; and the deliberately broken ``mistake:...`` presets of
-chapter 25 (`mistakes`), registered on import."""
-
-# Imported for its effect: it registers the mistake:... presets with `models.get_model`, in
-# the notebook and in every rank (a lazy import inside get_model would be an import cycle).
-from utils.workloads import mistakes
-
-__all__ = ["mistakes"]
+"""What the jobs train: the menu of model presets, checked without torch (`presets`), the
+presets as DeepSpeed `LayerSpec` lists with realistic, uneven layer costs (`models`, built
+from `layers`), their synthetic data, and a single-process reference (`reference`) that a
+pipeline's losses must match; and the deliberately broken ``mistake:...`` presets of chapter
+25 (`mistakes`). Importing the package imports none of them (nor torch)."""

@@ -33,9 +33,10 @@ and ``loss_fn=lm_loss`` (next-token cross-entropy) on the last stage. It is the 
 of every mistake above: one job of ``mistake:none`` shows all the fixes at once.
 
 `MISTAKES` documents each preset (what is wrong, the fix, the diagnosis code a real job of it
-gives). Importing this module (the package `utils.workloads` does) registers them, so
-`utils.workloads.models.get_model` resolves them like any preset, in the notebook and in
-every rank.
+gives); it lives in `utils.workloads.presets` (no torch), with the presets' names and
+options, so that a job of one is checked without building it. `resolve` builds one:
+`utils.workloads.models.get_model` calls it like any preset's, in the notebook and in every
+rank.
 `trace_layers` runs a preset's layer list in this process, as `PipelineModule` would on one
 rank, to show what each layer returns without starting a job.
 """
@@ -51,13 +52,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from utils.workloads.models import (HIDDEN_PRESETS, Block, Embedding, LayerDef, Model, _PresetInfo, _progressions,
-                                    lm_loss)
+from utils.workloads.layers import Block, Embedding, LayerDef, Model, _progressions, lm_loss
+from utils.workloads.presets import HIDDEN_PRESETS, MISTAKE_PREFIX, MISTAKES, Mistake
 
 __all__ = ["MISTAKES", "MISTAKE_PREFIX", "Mistake", "MaskedNorm", "MistakeModel", "PRESETS", "Tagger",
-           "TiedLayerDef", "tied_head", "trace_layers"]
-
-MISTAKE_PREFIX = "mistake:"
+           "TiedLayerDef", "resolve", "tied_head", "trace_layers"]
 
 
 # --- layers ------------------------------------------------------------------------------------
@@ -183,57 +182,8 @@ def trace_layers(model: Model, inputs, *, seed: int = 0) -> list[tuple[str, Any]
 
 
 # --- the presets ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Mistake:
-    """What a mistake preset gets wrong, how to fix it, and the `utils.diagnose` code a real
-    2-stage job of it fails with (None: it does not fail)."""
-
-    wrong: str
-    fix: str
-    code: str | None
-    changes: Mapping[str, Any]
-    """What differs from ``mistake:none``: ``output`` (the Tagger's), ``loss_fn`` (False: none),
-    ``head_forward_fn`` (False: none), ``tied_weight_attr`` (None: DeepSpeed's default)."""
-
-
-MISTAKES: dict[str, Mistake] = {
-    "mistake:none": Mistake(
-        "nothing: every layer returns a tensor or a tuple of tensors, the mask crosses the boundary as int64, "
-        "the loss is PipelineModule's loss_fn, the tied head has forward_fn and the right tied_weight_attr",
-        "(this is the fix of all the others)", None, {}),
-    "mistake:non-tensor-output": Mistake(
-        "stage 0's last layer returns a dict {'hidden': ..., 'keep': ...}; DeepSpeed can only send tensors and "
-        "tuples of tensors between stages",
-        "return a tuple (hidden, keep) instead", "non-tensor-output", {"output": "dict"}),
-    "mistake:float-mask": Mistake(
-        "stage 0 sends its mask as a float tensor; DeepSpeed sets requires_grad on every floating-point tensor "
-        "a stage receives and expects a gradient for it, but the mask is only compared, so it gets none",
-        "send the mask as an int64 or bool tensor (DeepSpeed does not differentiate those)",
-        "received-activation-without-grad", {"output": "float-mask"}),
-    "mistake:loss-between-stages": Mistake(
-        "a loss (an auxiliary one: the mean square of the hidden states) is computed as a layer of the list; "
-        "the partition puts it at the end of stage 0, which then sends a 0-dimensional tensor to stage 1",
-        "take the loss out of the layer list; DeepSpeed computes PipelineModule(loss_fn=...) on the last stage, "
-        "on the last layer's output and the labels", "scalar-between-stages", {"output": "aux-loss"}),
-    "mistake:no-loss-fn": Mistake(
-        "the PipelineModule gets no loss_fn: the last stage treats its output (the logits) as the loss, which "
-        "is not a scalar", "pass PipelineModule(loss_fn=lm_loss)", "loss-not-scalar", {"loss_fn": False}),
-    "mistake:tied-forward": Mistake(
-        "the second TiedLayerSpec of the embedding (the output head) has no forward_fn, so it runs the "
-        "embedding's own forward on float hidden states",
-        "give it forward_fn=tied_head (project on the shared token matrix)", "tied-forward",
-        {"head_forward_fn": False}),
-    "mistake:tied-weight-attr": Mistake(
-        "the TiedLayerSpecs keep DeepSpeed's default tied_weight_attr 'weight', which the Embedding module "
-        "does not have (its shared matrix is tokens.weight)",
-        "tied_weight_attr='tokens.weight' on both TiedLayerSpecs", "tied-weight-attr",
-        {"tied_weight_attr": None}),
-}
-
-
-def _resolve(preset: str, *, hidden: int, heads: int, vocab: int, seq_len: int) -> MistakeModel:
-    if hidden % heads:
-        raise ValueError(f"preset {preset!r}: hidden ({hidden}) must be divisible by heads ({heads})")
+def resolve(preset: str, *, hidden: int, heads: int, vocab: int, seq_len: int) -> MistakeModel:
+    """The `MistakeModel` of a mistake preset, its options checked (`presets.model_shape`)."""
     changes = MISTAKES[preset].changes
     attr = changes.get("tied_weight_attr", "tokens.weight")
     embed = {"vocab": vocab, "hidden": hidden, "seq_len": seq_len}
@@ -251,13 +201,6 @@ def _resolve(preset: str, *, hidden: int, heads: int, vocab: int, seq_len: int) 
                         make_batch=_progressions(vocab, seq_len), seq_len=seq_len)
 
 
-_DEFAULTS = {"hidden": 64, "heads": 4, "vocab": 512, "seq_len": 16}
-
-PRESETS: dict[str, _PresetInfo] = {
-    name: _PresetInfo(f"{'broken on purpose: ' if m.code else ''}{m.wrong}", _DEFAULTS, _resolve)
-    for name, m in MISTAKES.items()
-}
-"""The mistake presets, registered in `utils.workloads.models.HIDDEN_PRESETS` so that
-`get_model` resolves them (kept apart from `models.PRESETS`, so that menus of trainable models
-do not offer broken ones)."""
-HIDDEN_PRESETS.update(PRESETS)
+PRESETS = HIDDEN_PRESETS
+"""The mistake presets (`utils.workloads.presets.HIDDEN_PRESETS`): `get_model` resolves them,
+menus of trainable models do not offer them."""
