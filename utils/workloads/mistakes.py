@@ -44,7 +44,7 @@ rank, to show what each layer returns without starting a job.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +53,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from utils.workloads.layers import Block, Embedding, LayerDef, Model, _progressions, lm_loss
-from utils.workloads.presets import HIDDEN_PRESETS, MISTAKE_PREFIX, MISTAKES, Mistake
+from utils.workloads.presets import MISTAKE_PREFIX, MISTAKES, Mistake
 
-__all__ = ["MISTAKES", "MISTAKE_PREFIX", "Mistake", "MaskedNorm", "MistakeModel", "PRESETS", "Tagger",
+__all__ = ["MISTAKES", "MISTAKE_PREFIX", "Mistake", "MaskedNorm", "MistakeModel", "Tagger",
            "TiedLayerDef", "resolve", "tied_head", "trace_layers"]
 
 
@@ -199,8 +199,3 @@ def resolve(preset: str, *, hidden: int, heads: int, vocab: int, seq_len: int) -
     return MistakeModel(preset=preset, options=dict(hidden=hidden, heads=heads, vocab=vocab, seq_len=seq_len),
                         layers=layers, loss_fn=None if changes.get("loss_fn", True) is False else lm_loss,
                         make_batch=_progressions(vocab, seq_len), seq_len=seq_len)
-
-
-PRESETS = HIDDEN_PRESETS
-"""The mistake presets (`utils.workloads.presets.HIDDEN_PRESETS`): `get_model` resolves them,
-menus of trainable models do not offer them."""
