@@ -2,26 +2,11 @@
 
 from collections.abc import Callable
 
-import psutil
-
 from utils.timeline import Event
 
 #: A GPT-like model small enough that a job's work is negligible next to its start-up.
 SMALL_GPT = {"model": "gpt", "micro_batch_size": 2,
              "model_options": {"blocks": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 16}}
-
-
-def processes_of(run_path) -> list[psutil.Process]:
-    """Live processes whose command line names this run directory (torchrun and its ranks)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if (any(str(run_path) in part for part in (proc.info["cmdline"] or []))
-                    and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE):
-                found.append(proc)
-        except psutil.Error:  # it exited (or became unreadable) while being looked at
-            pass
-    return found
 
 
 def schedule_events(p: int, m: int, *, f: float | list[float] = 1.0,

@@ -40,7 +40,8 @@ import nbformat
 import psutil
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -265,7 +266,7 @@ def test_timeline_and_panel_render_in_jupyterlab(jupyterlab, page):
         measured.scroll_into_view_if_needed()
         assert "measured" in measured.locator(".gtitle").text_content()
         assert page.locator(".jp-NotebookPanel").get_by_text("bubble_ratio").count() >= 1
-        assert processes_of(jupyterlab["runs"]) == [], "the finished job left processes behind"
+        assert job_processes(jupyterlab["runs"]) == [], "the finished job left processes behind"
         _screenshots(page, ARTIFACTS)
         assert (ARTIFACTS / "jupyterlab.png").stat().st_size > 50_000
         assert not [e for e in page.page_errors if "plotly" in e.lower() or "widget" in e.lower()], \
@@ -358,7 +359,7 @@ def test_chapter_one_panel_stop_by_interrupt_and_compare(jupyterlab, page):
         notebook.get_by_text("这段时间里执行的指令", exact=False).first.wait_for(timeout=CHAPTER_S * 1000)
         panel = notebook.locator(".widget-vbox", has_text="流水线任务").filter(has_text="历史与对比").last
         panel.scroll_into_view_if_needed()
-        assert processes_of(runs) == [], "executing the chapter left a job running"
+        assert job_processes(runs) == [], "executing the chapter left a job running"
         # the chapter's figures and the panel are Chinese
         titles = " ".join(notebook.locator(".js-plotly-plot .gtitle").all_text_contents())
         assert "模拟（不是测量）" in titles and "实测时间线" in titles
@@ -370,12 +371,12 @@ def test_chapter_one_panel_stop_by_interrupt_and_compare(jupyterlab, page):
 
         # Run, then ■: the job stops, all its processes end, the panel says who stopped it.
         run_button.click()
-        _wait_until(page, lambda: len(processes_of(runs)) > 0, 120, "the job's processes starting")
+        _wait_until(page, lambda: len(job_processes(runs)) > 0, 120, "the job's processes starting")
         _interrupt_kernel(page)
         pressed = time.monotonic()
         panel.get_by_text("被内核中断 (■) 停止", exact=False).first.wait_for(timeout=STOP_S * 1000)
         print(f"■ to the panel saying the job stopped: {time.monotonic() - pressed:.1f} s")
-        _wait_until(page, lambda: processes_of(runs) == [], STOP_S, "every process of the stopped job ending")
+        _wait_until(page, lambda: job_processes(runs) == [], STOP_S, "every process of the stopped job ending")
         assert panel.get_by_text("个进程全部结束", exact=False).count() >= 1
         assert "已停止" in panel.locator(".widget-html", has_text="已停止").first.text_content()
         _element_screenshot(page, panel, ARTIFACTS / "chapter01-panel-stopped.png")
@@ -387,7 +388,7 @@ def test_chapter_one_panel_stop_by_interrupt_and_compare(jupyterlab, page):
         panel.get_by_text("2 个进程", exact=False).first.wait_for(timeout=30_000)
         run_button.click()
         panel.get_by_text("完成，用时", exact=False).first.wait_for(timeout=JOB_S * 1000)
-        assert processes_of(runs) == [], "the finished job left processes behind"
+        assert job_processes(runs) == [], "the finished job left processes behind"
         plots = panel.locator(".js-plotly-plot")
         _wait_for_count(page, plots, 1, 60)
         assert "实测时间线" in plots.first.locator(".gtitle").text_content()
@@ -475,14 +476,14 @@ def test_run_job_progress_stop_and_final_line(jupyterlab, page):
             "the progress line is not one display updated in place"
         long_out.scroll_into_view_if_needed()
         long_out.screenshot(path=str(ARTIFACTS / "run-job-progress.png"))
-        assert processes_of(runs), "the long job's processes are not running"
+        assert job_processes(runs), "the long job's processes are not running"
 
         # (b) ■: one line saying the job stopped and all its processes ended, no traceback
         _interrupt_kernel(page)
         pressed = time.monotonic()
         long_out.get_by_text("已按你的要求停止", exact=False).first.wait_for(timeout=STOP_S * 1000)
         print(f"■ to run_job's one line: {time.monotonic() - pressed:.1f} s")
-        _wait_until(page, lambda: processes_of(runs) == [], STOP_S, "every process of the stopped job ending")
+        _wait_until(page, lambda: job_processes(runs) == [], STOP_S, "every process of the stopped job ending")
         page.wait_for_timeout(500)  # the progress line's last update (its end state)
         stopped_text = long_out.inner_text()
         assert stopped_text.count("已按你的要求停止") == 1, stopped_text

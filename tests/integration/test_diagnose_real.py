@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 from utils import Fault, JobFailed, JobSpec, run_job
 from utils.jobs.diagnose import diagnose
 from utils.jobs.launchers import read_log, torchrun_report
@@ -27,7 +28,7 @@ def _failed(spec: JobSpec):
     with pytest.raises(JobFailed) as caught:
         run_job(spec, progress=False)
     run = caught.value.run
-    assert processes_of(run.path) == []
+    assert job_processes(run.path) == []
     return run, diagnose(run)
 
 
@@ -89,7 +90,7 @@ def test_one_slow_rank_among_four_is_the_straggler(runs_root):
     others = [f for f in d.findings if f.code == "straggler" and f is not d.primary]
     assert all(f.evidence["slowdown"] < d.primary.evidence["slowdown"] / 1.5 for f in others), others
     assert not diagnose(run, reveal_fault=False).find("injected-fault")
-    assert processes_of(run.path) == []
+    assert job_processes(run.path) == []
 
 
 def test_one_slow_stage_among_four_is_found_by_its_peer(runs_root):
@@ -98,7 +99,7 @@ def test_one_slow_stage_among_four_is_found_by_its_peer(runs_root):
     d = diagnose(run, reveal_fault=False)
     assert d.primary.code == "straggler", d
     assert (d.primary.where.rank, d.primary.where.stage) == (2, 2)
-    assert processes_of(run.path) == []
+    assert job_processes(run.path) == []
 
 
 def test_a_hang_ends_within_its_timeout_with_every_ranks_stacks(runs_root):
@@ -108,7 +109,7 @@ def test_a_hang_ends_within_its_timeout_with_every_ranks_stacks(runs_root):
         run_job(_spec(Fault(kind="hang", stage=1, step=1), timeout=timeout), progress=False)
     assert time.time() - started < timeout + 10
     run = caught.value.run
-    assert run.state == "timeout" and processes_of(run.path) == []
+    assert run.state == "timeout" and job_processes(run.path) == []
     message = str(caught.value)
     assert "timeout" in message
     assert "rank 1 (stage 1): step=1 forward mb=0" in message

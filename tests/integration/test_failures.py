@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 from utils import Fault, JobFailed, JobSpec, Run, run_job, start_job
 from utils.system.fileio import read_json
 
@@ -33,14 +34,14 @@ def test_a_raising_rank_fails_the_job_within_seconds(runs_root):
     raised_at = read_json(run.path / "error-rank1.json")["time"]
     assert noticed - raised_at < 10
     assert run.state == "failed" and not run.ok
-    assert processes_of(run.path) == []
+    assert job_processes(run.path) == []
 
 
 def test_a_dying_rank_is_named(runs_root):
     with pytest.raises(JobFailed) as caught:
         run_job(_failing("exit"), progress=False)
     assert "rank 1 (stage 1) died with exit code 3" in str(caught.value)
-    assert processes_of(caught.value.run.path) == []
+    assert job_processes(caught.value.run.path) == []
 
 
 def test_a_rank_killed_by_a_signal_is_named(runs_root):
@@ -48,7 +49,7 @@ def test_a_rank_killed_by_a_signal_is_named(runs_root):
     with pytest.raises(JobFailed) as caught:
         run_job(_failing("killed"), progress=False)
     assert "rank 1 (stage 1) was killed by SIGKILL (exit code -9)" in str(caught.value)
-    assert processes_of(caught.value.run.path) == []
+    assert job_processes(caught.value.run.path) == []
 
 
 def test_stop_ends_every_process(runs_root):
@@ -58,9 +59,9 @@ def test_stop_ends_every_process(runs_root):
         assert job.poll() == "running"
         time.sleep(0.2)
     assert job.progress(), "the job never reached its first step"
-    assert len(processes_of(job.path)) >= 3  # torchrun + 2 ranks
+    assert len(job_processes(job.path)) >= 3  # torchrun + 2 ranks
     job.stop()
-    assert processes_of(job.path) == []
+    assert job_processes(job.path) == []
     assert Run.load(job.path).state == "stopped"
 
 
@@ -89,7 +90,7 @@ def test_ctrl_c_stops_the_whole_job(runs_root):
     assert "JobStopped: 已按你的要求停止：2 个进程全部结束 (stopped by you; all 2 processes ended)" in err
     assert "During handling of the above exception" not in err  # not the interrupt's own traceback too
     assert proc.returncode != 0
-    assert processes_of(run_path) == []
+    assert job_processes(run_path) == []
     assert Run.load(run_path).state == "stopped"
 
 

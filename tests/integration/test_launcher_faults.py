@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 from utils import JobSpec, Run, run_job, start_job
 from utils.system.extensions import extensions_dir
 from utils.system.procs import end_process_tree
@@ -90,14 +91,14 @@ def test_ranks_end_when_the_launching_process_is_gone(runs_root, ending):
         assert proc.returncode == (-signal.SIGKILL if ending == "killed" else 0)
         assert (run_path / "status-rank0").exists() and (run_path / "status-rank1").exists(), \
             "the ranks never started"
-        while processes_of(run_path) and time.time() - gone < 15:
+        while job_processes(run_path) and time.time() - gone < 15:
             time.sleep(0.2)
-        assert processes_of(run_path) == []
+        assert job_processes(run_path) == []
         # The first rank to notice says why; the other may fail first on the lost connection.
         logs = (run_path / "rank0.log").read_text() + (run_path / "rank1.log").read_text()
         assert "the process that launched this job" in logs
     finally:
-        end_process_tree(processes_of(run_path), grace=0)
+        end_process_tree(job_processes(run_path), grace=0)
         proc.kill()
         proc.wait()
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 from utils import Run
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,7 @@ def test_a_notebook_shows_phases_and_stop_says_one_line(runs_root):
     # Before: a 20-line KeyboardInterrupt traceback into launch.py.
     assert errors[0].traceback == ["已按你的要求停止：2 个进程全部结束 (stopped by you; all 2 processes ended)"]
     path = _run_dir(runs_root, stop_line)
-    assert processes_of(path) == [] and Run.load(path).state == "stopped"
+    assert job_processes(path) == [] and Run.load(path).state == "stopped"
     assert done == len(Run.load(path).losses)  # the final line counts what the record holds
     timing = stopped.metadata.execution
     ran = _seconds(timing["shell.execute_reply"]) - _seconds(timing["iopub.execute_input"])
@@ -126,4 +127,4 @@ def test_the_printed_terminal_command_runs_as_pasted_and_shows_progress(runs_roo
     assert rerun.parent == original.parent and rerun.name.startswith(f"{original.name}-rerun-")
     rows = [json.loads(s) for s in (rerun / "progress-rank0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert processes_of(rerun) == []
+    assert job_processes(rerun) == []

@@ -15,7 +15,7 @@ from functools import cache
 
 import pytest
 
-from tests.helpers import processes_of
+from utils.system.procs import job_processes
 from utils import Fault, JobFailed, JobSpec, Rebalance, diagnose, run_job
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,7 @@ def _check_moves(run, stages: int) -> None:
         events = run.timeline.select(step=step, kinds=("repartition",))
         assert sorted(e.rank for e in events) == list(range(stages))  # every rank, real durations
         assert all(e.duration > 0 for e in events)
-    assert processes_of(run.path) == []
+    assert job_processes(run.path) == []
 
 
 @pytest.mark.parametrize("mode", ["live", "restart"])
@@ -119,7 +119,7 @@ def test_a_rank_failing_during_a_migration_ends_the_job(runs_root, kind, said):
     assert said in message
     assert "repartition" in message  # the phase it failed in
     assert caught.value.run.state == "failed"
-    assert processes_of(caught.value.run.path) == []
+    assert job_processes(caught.value.run.path) == []
 
 
 def test_deepspeeds_own_optimizer_loader_fails_or_silently_mismatches_after_a_move(runs_root):
@@ -137,7 +137,7 @@ def test_deepspeeds_own_optimizer_loader_fails_or_silently_mismatches_after_a_mo
     assert refused == {0, 2}
     assert "restart: checkpoint loaded" in run.run_dir.status_slot(1).read_text()
     assert diagnose(run).primary.code == "optimizer-state-mismatch"
-    assert processes_of(run.path) == []
+    assert job_processes(run.path) == []
 
 
 def test_the_policy_moves_a_freezing_job_and_records_why(runs_root):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 from utils import JobFailed, JobSpec, Run, run_job, start_job
 from utils.jobs.rundir import RunDir
 
@@ -40,7 +41,7 @@ def test_a_script_that_exits_after_start_job_stops_its_job(runs_root):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     run_path = Path(done.stdout.strip())
     assert done.returncode == 0 and run_path.exists(), done.stderr
-    assert processes_of(run_path) == []
+    assert job_processes(run_path) == []
     run = Run.load(run_path)
     assert run.state == "stopped" and "the process that started it exited" in run.error
 
@@ -67,7 +68,7 @@ def test_a_job_too_slow_for_its_timeout_is_not_called_hung(runs_root):
     message = str(caught.value)
     assert "too slow for timeout=12 s" in message and "s/step" in message, message
     assert "recv" not in message
-    assert caught.value.run.state == "timeout" and processes_of(caught.value.run.path) == []
+    assert caught.value.run.state == "timeout" and job_processes(caught.value.run.path) == []
 
 
 def test_a_killed_torchrun_is_named(runs_root):
@@ -79,7 +80,7 @@ def test_a_killed_torchrun_is_named(runs_root):
         job.wait()
     message = str(caught.value)
     assert "torchrun (the launcher, pid" in message and "killed by SIGKILL" in message, message
-    assert processes_of(job.path) == []
+    assert job_processes(job.path) == []
 
 
 def test_a_frozen_rank_is_named_in_the_hang_report(runs_root):
@@ -93,7 +94,7 @@ def test_a_frozen_rank_is_named_in_the_hang_report(runs_root):
     message = str(caught.value)
     assert "Rank(s) [1] are stopped" in message and "process stopped" in message, message
     assert "too slow" not in message
-    assert processes_of(job.path) == []  # SIGKILL ends a stopped process too
+    assert job_processes(job.path) == []  # SIGKILL ends a stopped process too
 
 
 def test_a_second_job_at_once_is_noted(runs_root):
@@ -106,7 +107,7 @@ def test_a_second_job_at_once_is_noted(runs_root):
         assert not any("another workbook job" in n for n in first.notes)
     finally:
         first.stop()
-    assert processes_of(first.path) == []
+    assert job_processes(first.path) == []
 
 
 def test_an_unusable_runs_folder_says_what_to_do(tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.helpers import SMALL_GPT, processes_of
+from tests.helpers import SMALL_GPT
+from utils.system.procs import job_processes
 from utils import JobSpec
 from utils.ui.display import PLOTLY_MIME
 from utils.ui.widgets import RunPanel
@@ -28,7 +29,7 @@ def test_run_button_runs_a_real_job_and_shows_it(runs_root):
     assert panel.wait(300) == "succeeded", panel.error
     path = panel.job.path
     assert path.parent == runs_root
-    assert processes_of(path) == []
+    assert job_processes(path) == []
     assert len(panel.history) == 1 and panel.history[0].ok and panel.run_result is panel.history[0]
     assert panel.progress.value == 2 and "succeeded" in panel.status.value
     fig = panel.figure
@@ -51,10 +52,10 @@ def test_stop_button_stops_every_process(runs_root):
         time.sleep(0.2)  # wait until it really trains, so Stop has processes to end
     job = panel.job
     assert panel.running and job and job.progress(), f"the job did not start training: {panel.state} {panel.error}"
-    assert processes_of(job.path), "a running job has processes"
+    assert job_processes(job.path), "a running job has processes"
     panel.stop_button.click()
     assert panel.wait(60) == "stopped"
-    assert processes_of(job.path) == []
+    assert job_processes(job.path) == []
     assert "stopped" in panel.status.value and "stopped from the panel" in panel.message.value
     assert panel.progress.bar_style == "warning" and panel.history == []
     assert 0 < panel.progress.value < 1000

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils.jobs.hosts import Node
-from utils.jobs.launchers import INTERPRETER_BIN, RANK_PROGRAM, LocalTorchrun
+from utils.jobs.launchers import INTERPRETER_BIN, RANK_PROGRAM, TORCHRUN_MODULE, LocalTorchrun
 from utils.jobs.multinode import DeepSpeedRunner, TorchrunNodes, launcher_for
 from utils.jobs.plan import JobPlan, plan_job
 from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir
@@ -99,7 +99,7 @@ def slurm_script(plan: JobPlan, run_dir: RunDir, launcher: LocalTorchrun) -> str
     resources = (f"#SBATCH --gpus-per-node={slots}" if plan.device == "cuda" else
                  f"#SBATCH --cpus-per-task={slots * (plan.threads or 1)}")
     minutes = max(1, int(spec.timeout // 60) + 1)
-    fixed = shlex.join(["env", *shown, sys.executable, "-m", "torch.distributed.run",
+    fixed = shlex.join(["env", *shown, sys.executable, "-m", TORCHRUN_MODULE,
                         f"--nnodes={len(nodes)}", f"--nproc-per-node={slots}", "--rdzv-backend=c10d"])
     after = shlex.join([f"--rdzv-conf=join_timeout={spec.join_limit}", "--max-restarts=0",
                         "-m", RANK_PROGRAM, str(run_dir.path)])

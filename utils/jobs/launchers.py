@@ -2,7 +2,8 @@
 
 `RunningJob` (``utils.jobs.launch``) watches a job through this interface only, so another
 way of starting ranks is one more `Launcher`, not a change to the watcher: `LocalTorchrun`
-(``torchrun --standalone`` on this machine) here, torchrun agents per node and DeepSpeed's
+(``torchrun --standalone`` on this machine; on a CPU its arguments go to torchrun's agent with
+warm-forked ranks, `utils.runtime.warm_agent`) here, torchrun agents per node and DeepSpeed's
 runner in `utils.jobs.multinode`.
 
 What a launch hands its ranks besides the run directory is part of the run-directory
@@ -33,13 +34,17 @@ import psutil
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
 from utils.system.extensions import LOCK_NAME, build_locks, extensions_dir, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
-from utils.system.procs import end_process_tree
+from utils.system.procs import end_process_tree, job_processes
 
 if TYPE_CHECKING:
     from utils.jobs.plan import JobPlan
 
 RANK_PROGRAM = "utils.runtime.rank"
 """The module every rank runs: ``python -m utils.runtime.rank RUN_DIR``."""
+TORCHRUN_MODULE = "torch.distributed.run"
+"""torchrun's module: ``python -m torch.distributed.run`` is the ``torchrun`` command."""
+WARM_AGENT_MODULE = "utils.runtime.warm_agent"
+"""torchrun's agent with ranks forked from a preloaded fork server (CPU jobs started here)."""
 SHOWN_ENVIRONMENT = ("OMP_NUM_THREADS", "DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "TORCH_EXTENSIONS_DIR")
 """The launch environment a pasted command repeats (the rest is the terminal's own)."""
 INTERPRETER_BIN = str(Path(sys.executable).parent)
@@ -156,12 +161,18 @@ class LocalTorchrun(Launcher):
 
     name = "torchrun"
 
-    def __init__(self):
+    def __init__(self, *, warm: bool = True):
+        self.warm = warm
+        """On a CPU, run torchrun's arguments through `WARM_AGENT_MODULE` (`agent_argv`);
+        False runs torchrun's own command, as ``command.txt`` does (the benchmark's baseline)."""
         self.agents: dict[int, subprocess.Popen] = {}
         """Node index -> the agent process this launcher started for it."""
         self.extensions_dir: Path | None = None
         """Where the ranks JIT-build DeepSpeed's ops (known once started)."""
         self._temp: Path | None = None
+        self.run_dir: RunDir | None = None
+        """The run directory of the last start (its placement files name forked ranks)."""
+        self.world_size = 0
         self._seen: dict[int, psutil.Process] = {}
         self._ranks_of: dict[int, set[int]] = {}
         """Node index -> the ranks ever seen under its agent."""
@@ -218,7 +229,18 @@ class LocalTorchrun(Launcher):
 
     def argv(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         """The launcher's argument vector: this interpreter running torchrun's module."""
-        return [sys.executable, "-m", "torch.distributed.run", *self._args(plan, run_dir)]
+        return [sys.executable, "-m", TORCHRUN_MODULE, *self._args(plan, run_dir)]
+
+    def agent_argv(self, plan: JobPlan, argv: list[str]) -> list[str]:
+        """What this launcher runs for a torchrun `argv`: on a CPU the same arguments to
+        `utils.runtime.warm_agent` (torchrun's agent, with ranks forked from a fork server that
+        imported torch and DeepSpeed once; ``benchmarks/warm_start.py`` measures the gain), on a
+        GPU `argv` itself (no process that forks ranks may touch CUDA). ``command.txt`` keeps
+        `argv`: the same job, started the slower way."""
+        if not self.warm or plan.device != "cpu":
+            return argv
+        at = argv.index(TORCHRUN_MODULE)
+        return [*argv[:at], WARM_AGENT_MODULE, *argv[at + 1:]]
 
     def building_ops(self) -> list[str]:
         """The DeepSpeed ops being JIT-compiled now: those whose build lock exists and which
@@ -239,13 +261,15 @@ class LocalTorchrun(Launcher):
         return found
 
     def start(self, plan: JobPlan, run_dir: RunDir) -> None:
-        self.spawn(0, self.argv(plan, run_dir), self.prepare(plan, run_dir), run_dir.launcher_log())
+        self.spawn(0, self.agent_argv(plan, self.argv(plan, run_dir)), self.prepare(plan, run_dir),
+                   run_dir.launcher_log())
 
     def prepare(self, plan: JobPlan, run_dir: RunDir) -> dict[str, str]:
         """What every start needs once: the launch environment with a fresh launch token,
         TMPDIR inside the run directory (torchrun's ``torchelastic_*`` folders and the ranks'
         temporary files go with `stop`), and no stale JIT build lock."""
         env = self.environment(plan)
+        self.run_dir, self.world_size = run_dir, plan.spec.world_size
         self.extensions_dir = Path(env["TORCH_EXTENSIONS_DIR"])
         self._temp = run_dir.file(RunDir.TEMP)
         self._temp.mkdir(exist_ok=True)
@@ -295,11 +319,23 @@ class LocalTorchrun(Launcher):
         return " ".join(sentences)
 
     def workers(self) -> dict[int, psutil.Process]:
+        placed = self._placed_pids()
         for node, agent in self.agents.items():
-            found = _ranks_below(agent.pid)
+            found = _ranks_below(agent.pid, placed)
             self._ranks_of.setdefault(node, set()).update(found)
             self._seen.update(found)
         return {rank: proc for rank, proc in self._seen.items() if proc.is_running()}
+
+    def _placed_pids(self) -> dict[int, int]:
+        """Pid -> rank, as the ranks of this launch recorded themselves (placement files)."""
+        if self.run_dir is None:
+            return {}
+        placed = {}
+        for rank in range(self.world_size):
+            placement = self.run_dir.placement(rank)
+            if placement and isinstance(placement.get("pid"), int):
+                placed[placement["pid"]] = rank
+        return placed
 
     def ranks_seen(self, node: int) -> set[int]:
         """The ranks ever seen running under node `node`'s agent (as of the last `workers`)."""
@@ -328,6 +364,11 @@ class LocalTorchrun(Launcher):
         # Ranks seen earlier whose agent is already gone (killed) are no longer its
         # children: end them by the handles kept (psutil checks they are the same processes).
         end_process_tree([p for p in self._seen.values() if p.is_running()], grace=grace)
+        if self._temp is not None:
+            # Processes of this launch that lost their agent: a fork server still tearing torch
+            # down after the warm agent exited (about a second) lies in no tree, but it has
+            # this launch's TMPDIR.
+            end_process_tree(job_processes(self._temp), grace=grace)
         self.wait(grace)
         if self._temp is not None:  # nothing runs that could still write there
             shutil.rmtree(self._temp, ignore_errors=True)
@@ -351,16 +392,22 @@ def read_log(path: Path) -> str:
         return ""
 
 
-def _ranks_below(pid: int) -> dict[int, psutil.Process]:
+def _ranks_below(pid: int, placed: dict[int, int]) -> dict[int, psutil.Process]:
     """Rank -> process for the rank processes below `pid` at any depth (torchrun's workers
-    are its children, DeepSpeed's runner's are grandchildren). A rank's own children (a JIT
-    compiler) inherit its RANK variable, so the highest process carrying a rank is the rank."""
+    are its children, DeepSpeed's runner's are grandchildren, the warm agent's are its fork
+    server's children). A rank started by exec carries ``RANK`` in its environment, and its
+    own children (a JIT compiler) inherit it, so the highest process carrying a rank is the
+    rank. A forked rank's environment is its fork server's, without ``RANK``: it is known by
+    the pid it wrote in its placement file (`placed`: pid -> rank)."""
     found: dict[int, psutil.Process] = {}
     try:
         below = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return found
     for proc in below:
+        if proc.pid in placed:
+            found[placed[proc.pid]] = proc
+            continue
         try:
             rank = proc.environ().get("RANK")
             parent_rank = proc.parent().environ().get("RANK") if proc.ppid() != pid else None

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from utils.jobs.hosts import Node, is_local_host
-from utils.jobs.launchers import (RANK_PROGRAM, SHOWN_ENVIRONMENT, ExitReport, Launcher, LocalTorchrun, read_log,
-                                  torchrun_report)
+from utils.jobs.launchers import (RANK_PROGRAM, SHOWN_ENVIRONMENT, TORCHRUN_MODULE, ExitReport, Launcher,
+                                  LocalTorchrun, read_log, torchrun_report)
 from utils.jobs.rundir import NODE_HOST_ENV, RUN_TOKEN_ENV, RunDir, StatusSlot
 from utils.system.procs import end_process_tree
 
@@ -89,7 +89,7 @@ class TorchrunNodes(LocalTorchrun):
         """torchrun's arguments on `node`: the same on every node but the node rank, the host
         it presents (``--local-addr``, which also orders the nodes: `utils.jobs.hosts`) and
         whether it hosts the rendezvous store (node 0, ``is_host=1``)."""
-        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(plan.nodes)}",
+        return [sys.executable, "-m", TORCHRUN_MODULE, f"--nnodes={len(plan.nodes)}",
                 f"--nproc-per-node={node.slots}", f"--node-rank={node.index}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={plan.nodes[0].host}:{self.port}", f"--rdzv-id={self.rendezvous_id}",
                 f"--rdzv-conf=join_timeout={plan.spec.join_limit},is_host={int(node.index == 0)}", f"--local-addr={node.host}",
@@ -114,7 +114,7 @@ class TorchrunNodes(LocalTorchrun):
         self.plan = plan
         env = self.prepare(plan, run_dir)
         for node in self._starts(plan):
-            self.spawn(node.index, self.node_argv(plan, run_dir, node), {**env, NODE_HOST_ENV: node.host},
+            self.spawn(node.index, self.agent_argv(plan, self.node_argv(plan, run_dir, node)), {**env, NODE_HOST_ENV: node.host},
                        run_dir.launcher_log(node.index))
 
     def kill_node(self, index: int) -> None:

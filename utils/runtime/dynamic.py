@@ -198,7 +198,7 @@ class Repartitioner:
         if spec.repartition_mode == "restart":
             from utils.runtime.restart import request_restart
 
-            request_restart(state, step, target)  # does not return: the launcher relaunches
+            request_restart(state, step, target)  # raises RankExit: the launcher relaunches
         self._move(state, step, tuple(target), reason)
 
     def _calibrate(self, state) -> None:

@@ -16,7 +16,21 @@ import psutil
 
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, NODE_HOST_ENV, STACK_SIGNAL, RunDir
 
-RANK = int(os.environ.get("RANK", "0"))
+
+def own_rank() -> int:
+    """This process's global rank, from the launcher's ``RANK`` (0 without one).
+
+    Read when asked, not at import: a rank forked from a warm fork server
+    (`utils.runtime.warm_agent`) imported this module before it knew its rank."""
+    return int(os.environ.get("RANK", "0"))
+
+
+class RankExit(BaseException):
+    """Ends this rank early and cleanly: raised where the rank has finished its part (restart
+    mode's checkpoint, `utils.runtime.restart`) and caught by `utils.runtime.rank.main`, which
+    ends the rank as after its last step. An exception, not ``os._exit`` on the spot: a rank
+    forked by the warm agent must return to elastic's agent, which waits for every rank's
+    return value."""
 
 
 def record_placement(run_dir: RunDir) -> None:
@@ -25,15 +39,16 @@ def record_placement(run_dir: RunDir) -> None:
     named for that node, this machine's name, its local rank and pid. A run's placement is
     read from these, so it is what happened, not what was planned."""
     node = os.environ.get("GROUP_RANK") or os.environ.get("CROSS_RANK") or "0"
-    run_dir.write_placement(RANK, {
-        "rank": RANK, "node": int(node), "host": os.environ.get(NODE_HOST_ENV) or socket.gethostname(),
+    rank = own_rank()
+    run_dir.write_placement(rank, {
+        "rank": rank, "node": int(node), "host": os.environ.get(NODE_HOST_ENV) or socket.gethostname(),
         "hostname": socket.gethostname(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "pid": os.getpid()})
 
 
 def redirect_output(run_dir: RunDir) -> None:
     """Send this rank's stdout and stderr to its own log before anything can print."""
-    log = open(run_dir.rank_log(RANK), "ab", buffering=0)
+    log = open(run_dir.rank_log(own_rank()), "ab", buffering=0)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
@@ -46,7 +61,7 @@ def dump_stacks_on_signal(run_dir: RunDir) -> None:
     blocked inside a collective where no Python code runs. The file appears only once the
     handler is in place (written under a temporary name, then renamed), so the launcher never
     sends the signal to a rank it would kill."""
-    final = run_dir.stacks_file(RANK)
+    final = run_dir.stacks_file(own_rank())
     pending = final.with_name(final.name + ".new")
     stream = open(pending, "w", encoding="utf-8")  # kept open for the life of the process
     faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True)
@@ -58,14 +73,15 @@ _KEPT: list = []
 
 
 def exit_with_parent() -> None:
-    """End this rank if its parent (torchrun) or the process that launched the job (the
-    notebook, named by the launcher) disappears, so no orphan outlives a killed job.
+    """End this rank if its parent (torchrun, or the warm agent's fork server, which exits
+    with its agent) or the process that launched the job (the notebook, named by the
+    launcher) disappears, so no orphan outlives a killed job.
 
     torchrun runs in a session of its own, so a killed notebook or a script that returned
     after `start_job` leaves it running; once its ranks exit, torchrun sees failed ranks
     and exits by itself.
     """
-    parent = os.getppid()
+    parent, rank = os.getppid(), own_rank()
     launcher_alive = launcher_watch()
 
     def watch():
@@ -73,7 +89,7 @@ def exit_with_parent() -> None:
             if os.getppid() != parent:
                 os._exit(1)
             if not launcher_alive():
-                print(f"rank {RANK}: the process that launched this job "
+                print(f"rank {rank}: the process that launched this job "
                       f"(pid {os.environ.get(LAUNCHER_PID_ENV)}) is gone; exiting", file=sys.stderr, flush=True)
                 os._exit(1)
             time.sleep(0.5)

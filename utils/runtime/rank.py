@@ -33,9 +33,8 @@ from typing import Any, Protocol
 from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir, StatusSlot
 from utils.jobs.spec import JobSpec
 from utils.runtime.faults import lift_memory_cap
-from utils.runtime.lifecycle import dump_stacks_on_signal, exit_with_parent, record_placement, redirect_output
-
-RANK = int(os.environ.get("RANK", "0"))
+from utils.runtime.lifecycle import (RankExit, dump_stacks_on_signal, exit_with_parent, own_rank, record_placement,
+                                     redirect_output)
 
 @dataclass
 class RankState:
@@ -420,16 +419,23 @@ class TerminalProgress:
 def _terminal_progress(run_dir: RunDir, moved: str | None) -> TerminalProgress | None:
     """For rank 0 of a run started by hand (`_record_into` moved it): a `TerminalProgress`
     on a copy of the terminal's stdout, taken before `redirect_output` replaces it."""
-    if RANK != 0 or moved is None:
+    if own_rank() != 0 or moved is None:
         return None
     return TerminalProgress(os.fdopen(os.dup(1), "w", buffering=1), run_dir)
 
 
-def main() -> None:
+def main(path: str, *, forked: bool = False) -> None:
+    """Run this rank of the job whose run directory is `path`.
+
+    A rank of its own interpreter (torchrun's) ends here with ``os._exit``: interpreter
+    teardown can hang in process-group destructors on gloo. A rank `forked` from a fork
+    server (`forked_main`) returns instead: elastic's agent waits for every rank's return
+    value, and the fork server ends the process with ``os._exit`` after it."""
+    rank = own_rank()
     exit_with_parent()
-    run_dir, moved = _record_into(RunDir(Path(sys.argv[1]).resolve()))
-    if moved and RANK == 0:  # the one line a terminal shows before the output goes to the logs
-        print(f"this run is recorded in {run_dir.path}, not in {sys.argv[1]}: {moved}", flush=True)
+    run_dir, moved = _record_into(RunDir(Path(path).resolve()))
+    if moved and rank == 0:  # the one line a terminal shows before the output goes to the logs
+        print(f"this run is recorded in {run_dir.path}, not in {path}: {moved}", flush=True)
     terminal = _terminal_progress(run_dir, moved)
     redirect_output(run_dir)
     record_placement(run_dir)
@@ -438,26 +444,34 @@ def main() -> None:
         if terminal:
             terminal.say("正在导入并构建 DeepSpeed 引擎 (setting up DeepSpeed: a few seconds; the first job in "
                          "an environment also compiles its communication op, 1-2 min)")
-        state, hooks = setup(run_dir, RANK)
+        state, hooks = setup(run_dir, rank)
         train(state, hooks + ([terminal] if terminal else []))
         report(state)
         if terminal:
             terminal.say(f"完成 (done): {state.spec.steps} steps; record in {run_dir.path}")
+    except RankExit:  # ended early on purpose (a restart's checkpoint is written): not a failure
+        pass
     except BaseException as exc:  # record why, then fail loudly so the launcher stops the others
         lift_memory_cap()  # an injected memory cap (`utils.runtime.faults`) must not stop the record
         if terminal:
-            terminal.say(f"失败 (failed): {type(exc).__name__}: {exc}; log: {run_dir.rank_log(RANK)}")
+            terminal.say(f"失败 (failed): {type(exc).__name__}: {exc}; log: {run_dir.rank_log(rank)}")
         spec = run_dir.read_spec() or {}
-        run_dir.write_error(RANK, {
+        run_dir.write_error(rank, {
             # DeepSpeed's stage-major layout, from the spec: known even when no engine was built.
-            "rank": RANK, "stage": RANK // spec.get("data_parallel", 1), "time": time.time(),
+            "rank": rank, "stage": rank // spec.get("data_parallel", 1), "time": time.time(),
             "type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()})
         traceback.print_exc()
         sys.stdout.flush()
         os._exit(1)
     sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: process-group destructors can hang on gloo
+    if not forked:
+        os._exit(0)
+
+
+def forked_main(path: str) -> None:
+    """`main` for a rank that elastic's agent forked from a fork server (`utils.runtime.warm_agent`)."""
+    main(path, forked=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

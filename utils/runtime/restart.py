@@ -22,8 +22,6 @@ live move, so the two modes compare on one timeline.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Sequence
 
@@ -32,6 +30,7 @@ import torch.distributed as dist
 
 from utils.jobs.rundir import PartitionChange
 from utils.runtime.frozen import local_layers
+from utils.runtime.lifecycle import RankExit
 from utils.runtime.migrate import stage_of, torch_optimizer
 from utils.timeline import Event
 
@@ -41,7 +40,8 @@ def _tag(step: int) -> str:
 
 
 def request_restart(state, step: int, target: Sequence[int]) -> None:
-    """Checkpoint this rank before `step`, record the restart and exit (never returns)."""
+    """Checkpoint this rank before `step`, record the restart and end the rank (raises
+    `RankExit`: the rank program ends as after its last step)."""
     run_dir = state.run_dir
     started = time.time()
     state.status(f"step={step} restart: saving the checkpoint")
@@ -54,8 +54,7 @@ def request_restart(state, step: int, target: Sequence[int]) -> None:
             "started": started, "origin_wall": state.origin_wall})
         run_dir.record_partition_change(PartitionChange(step=step, boundaries=tuple(target), reason="repartition_at"))
     state.status(f"step={step} restart: exiting for the relaunch")
-    sys.stdout.flush()
-    os._exit(0)
+    raise RankExit(f"restart before step {step}")
 
 
 def pending(run_dir) -> dict | None:

@@ -54,3 +54,23 @@ def pid_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def job_processes(path: str | os.PathLike) -> list[psutil.Process]:
+    """Live processes of the job whose run directory is `path`, or of every job below `path`
+    (a runs folder): its launcher and its ranks, and what they started.
+
+    A process started by exec names its run directory on its command line. A rank forked
+    from a fork server (`utils.runtime.warm_agent`) shows the fork server's command line, but
+    it inherits the launch environment, whose ``TMPDIR`` the launcher puts inside the run
+    directory (`utils.jobs.launchers.LocalTorchrun.prepare`). Other environment variables are
+    not looked at: a notebook server's ``WORKBOOK_RUNS`` names the runs folder too."""
+    needle, found = str(path), []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            named = [*(proc.info["cmdline"] or []), (proc.info["environ"] or {}).get("TMPDIR", "")]
+            if any(needle in part for part in named) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # it exited (or became unreadable) while being looked at
+            pass
+    return found

@@ -1,0 +1,136 @@
+"""torchrun's agent, with the ranks forked from a warm interpreter: how jobs start on a CPU.
+
+``python -m utils.runtime.warm_agent ARGS`` takes torchrun's arguments and runs what
+``python -m torch.distributed.run ARGS`` runs: torch's own argument parser, launch config and
+`elastic_launch`, so the rendezvous, the monitoring of the ranks, stopping the others when
+one fails and the failure summary (the ``ChildFailedError`` text ``@record`` prints) are
+torchrun's. One thing differs: how a rank process starts. torchrun execs a fresh
+interpreter per rank, which then imports torch, DeepSpeed and ``torch._dynamo`` (imported
+by every torch optimizer): about 3.3 CPU-seconds per rank on the 2-core CI machine, most of
+a short job. Here the ranks are ``multiprocessing`` children of a fork server (elastic's
+function entry point with ``start_method="forkserver"``, as ``elastic_launch`` documents)
+that imported those modules once, while this agent was still importing torch itself.
+
+Why a fork server and not a plain ``fork`` of this agent: a child forked after the
+rendezvous inherits the agent's ``TCPStore``, whose destructor joins a libuv thread that does
+not exist in the child, and every rank hung at exit. The fork server is started before any
+store exists and before this process has a thread.
+
+Only for CPU jobs (``utils.jobs.launchers.LocalTorchrun.agent_argv``): on a GPU node nothing may initialise CUDA in
+a process that forks ranks, so there torchrun's own command runs. ``command.txt`` is always
+torchrun's command: it starts the same job, only slower.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+import uuid
+from multiprocessing import forkserver, util
+
+RANK_PROGRAM = "utils.runtime.rank"
+"""The only program this agent runs (``utils.jobs.launchers.RANK_PROGRAM``)."""
+PRELOAD = ("torch", "torch._dynamo", "deepspeed", "deepspeed.pipe", RANK_PROGRAM)
+"""What the fork server imports before it forks a rank. `utils.runtime.rank` reads its rank
+when it runs, not when it is imported, so one import serves every rank."""
+SOCKET_PARENT = "/tmp"
+"""Where multiprocessing's folder for the fork server's socket is made (a short path)."""
+BANNER = ("[workbook] torchrun's elastic agent (torch.distributed.run's launch) with ranks "
+          "forked from a preloaded fork server; command.txt is the same job as a plain torchrun command")
+
+
+def start_fork_server() -> None:
+    """Start the fork server now, so that it imports `PRELOAD` while this process imports
+    torch and meets the rendezvous (two cores, two imports at once).
+
+    multiprocessing puts the fork server's Unix socket in a temporary folder of its own, made
+    under ``TMPDIR``, which the launcher puts inside the run directory; under a deep run
+    directory the socket's path is longer than a Unix socket address may be (107 bytes:
+    "AF_UNIX path too long"). So that one folder is made in the system's temporary place
+    (`SOCKET_PARENT`); multiprocessing keeps using it, and `main` removes it at the end."""
+    forkserver.set_forkserver_preload(list(PRELOAD))
+    job_tmp, tempfile.tempdir = tempfile.tempdir, SOCKET_PARENT
+    try:
+        forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = job_tmp  # everything else (torchelastic's folders) stays in the run directory
+
+
+def report_every_failure() -> None:
+    """Make elastic report every rank that has failed when it notices a failure, as torchrun's
+    command does, not only the first that ``join`` meets.
+
+    ``start_processes`` runs function entry points in a ``MultiprocessContext``, whose ``_poll``
+    turns the first ``ProcessExitedException`` into the whole report: when rank 1 is killed
+    and rank 0 then exits on its lost connection, the summary could name rank 0 alone and
+    never rank 1's signal. torchrun's ``SubprocessContext`` lists every worker that has exited
+    non-zero by then, with its exit code, which is what the workbook's failure report reads
+    (``utils.jobs.launchers.torchrun_report``). The subclass below adds the ranks that had
+    already failed before that poll stopped the rest; those it stops are not failures, in
+    either context."""
+    import torch.distributed.elastic.multiprocessing as elastic_mp
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    class EveryFailureContext(MultiprocessContext):
+        def _poll(self):
+            before = {i: p.exitcode for i, p in enumerate(self._pc.processes)} if self._pc else {}
+            result = super()._poll()
+            if result is not None and result.failures:
+                for i, code in before.items():
+                    if code not in (None, 0) and i not in result.failures:
+                        result.failures[i] = ProcessFailure(local_rank=i, pid=self._pc.processes[i].pid,
+                                                            exitcode=code, error_file=self.error_files[i])
+            return result
+
+    if elastic_mp.MultiprocessContext is not MultiprocessContext:  # torch changed: say so, don't guess
+        raise RuntimeError("torch.distributed.elastic.multiprocessing no longer names MultiprocessContext "
+                           "where start_processes finds it: update utils/runtime/warm_agent.py")
+    elastic_mp.MultiprocessContext = EveryFailureContext
+
+
+def launch(argv: list[str]) -> None:
+    """torchrun's ``run`` with the ranks as forked functions (see the module docstring)."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    from utils.runtime.rank import forked_main
+
+    args = parse_args(argv)
+    if not args.module or args.training_script != RANK_PROGRAM:
+        raise SystemExit(f"warm_agent runs `-m {RANK_PROGRAM} RUN_DIR` only; got {args.training_script!r}: "
+                         "use torchrun for anything else")
+    if args.standalone:  # what torchrun's `run` does for --standalone
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    config, _, _ = config_from_args(args)
+    config.start_method = "forkserver"
+    report_every_failure()
+    elastic_launch(config=config, entrypoint=forked_main)(*args.training_script_args)
+
+
+def main(argv: list[str]) -> None:
+    print(BANNER, flush=True)
+    start_fork_server()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    code = 0
+    try:
+        record(launch)(argv)  # as torchrun's main: records a failed rank, then re-raises
+    except SystemExit as exc:  # bad arguments: argparse printed why
+        code = exc.code if isinstance(exc.code, int) else (print(exc.code, file=sys.stderr) or 2)
+    except BaseException:  # noqa: BLE001 - printed as the interpreter would (torchrun's summary)
+        traceback.print_exc()
+        code = 1
+    # By now the ranks are gone (elastic stopped them) and the rendezvous is shut down; what
+    # is left is tearing down torch's object graph, 0.7 s of a 2-rank job's 4.4 s (measured).
+    shutil.rmtree(util.get_temp_dir(), ignore_errors=True)  # the socket's folder: no finalizer runs
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
