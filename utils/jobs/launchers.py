@@ -173,6 +173,7 @@ class LocalTorchrun(Launcher):
         self.run_dir: RunDir | None = None
         """The run directory of the last start (its placement files name forked ranks)."""
         self.world_size = 0
+        """The ranks of that start (how many placement files to read)."""
         self._seen: dict[int, psutil.Process] = {}
         self._ranks_of: dict[int, set[int]] = {}
         """Node index -> the ranks ever seen under its agent."""

@@ -114,8 +114,8 @@ class TorchrunNodes(LocalTorchrun):
         self.plan = plan
         env = self.prepare(plan, run_dir)
         for node in self._starts(plan):
-            self.spawn(node.index, self.agent_argv(plan, self.node_argv(plan, run_dir, node)), {**env, NODE_HOST_ENV: node.host},
-                       run_dir.launcher_log(node.index))
+            self.spawn(node.index, self.agent_argv(plan, self.node_argv(plan, run_dir, node)),
+                       {**env, NODE_HOST_ENV: node.host}, run_dir.launcher_log(node.index))
 
     def kill_node(self, index: int) -> None:
         """Lose node `index` at once, as a power cut would: SIGKILL its agent and its ranks.

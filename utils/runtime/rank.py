@@ -36,6 +36,7 @@ from utils.runtime.faults import lift_memory_cap
 from utils.runtime.lifecycle import (RankExit, dump_stacks_on_signal, exit_with_parent, own_rank, record_placement,
                                      redirect_output)
 
+
 @dataclass
 class RankState:
     """What one rank holds while it trains; hooks may replace `engine` between steps

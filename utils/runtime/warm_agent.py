@@ -16,9 +16,9 @@ rendezvous inherits the agent's ``TCPStore``, whose destructor joins a libuv thr
 not exist in the child, and every rank hung at exit. The fork server is started before any
 store exists and before this process has a thread.
 
-Only for CPU jobs (``utils.jobs.launchers.LocalTorchrun.agent_argv``): on a GPU node nothing may initialise CUDA in
-a process that forks ranks, so there torchrun's own command runs. ``command.txt`` is always
-torchrun's command: it starts the same job, only slower.
+Only for CPU jobs (``utils.jobs.launchers.LocalTorchrun.agent_argv``): on a GPU node nothing
+may initialise CUDA in a process that forks ranks, so there torchrun's own command runs.
+``command.txt`` is always torchrun's command: it starts the same job, only slower.
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ PRELOAD = ("torch", "torch._dynamo", "deepspeed", "deepspeed.pipe", RANK_PROGRAM
 """What the fork server imports before it forks a rank. `utils.runtime.rank` reads its rank
 when it runs, not when it is imported, so one import serves every rank."""
 SOCKET_PARENT = "/tmp"
-"""Where multiprocessing's folder for the fork server's socket is made (a short path)."""
+"""Where multiprocessing's folder for the fork server's socket is made when ``TMPDIR`` is too deep."""
+SOCKET_PATH_MAX = 107
+"""The longest path a Unix socket address holds (``sun_path`` is 108 bytes with its NUL)."""
+SOCKET_UNDER_TEMP = len("/pymp-12345678/listener-12345678")
+"""What multiprocessing adds to the temporary folder: its own folder, then the socket."""
 BANNER = ("[workbook] torchrun's elastic agent (torch.distributed.run's launch) with ranks "
           "forked from a preloaded fork server; command.txt is the same job as a plain torchrun command")
 
@@ -47,12 +51,14 @@ def start_fork_server() -> None:
     torch and meets the rendezvous (two cores, two imports at once).
 
     multiprocessing puts the fork server's Unix socket in a temporary folder of its own, made
-    under ``TMPDIR``, which the launcher puts inside the run directory; under a deep run
-    directory the socket's path is longer than a Unix socket address may be (107 bytes:
-    "AF_UNIX path too long"). So that one folder is made in the system's temporary place
-    (`SOCKET_PARENT`); multiprocessing keeps using it, and `main` removes it at the end."""
+    under ``TMPDIR``, which the launcher puts inside the run directory (so it goes with the
+    job). Under a deep run directory that path is longer than a Unix socket address may be
+    ("AF_UNIX path too long"): then that one folder is made in `SOCKET_PARENT` instead.
+    multiprocessing keeps using the folder it made; `main` removes it at the end."""
     forkserver.set_forkserver_preload(list(PRELOAD))
-    job_tmp, tempfile.tempdir = tempfile.tempdir, SOCKET_PARENT
+    job_tmp = tempfile.tempdir
+    if len(tempfile.gettempdir()) + SOCKET_UNDER_TEMP > SOCKET_PATH_MAX:
+        tempfile.tempdir = SOCKET_PARENT
     try:
         forkserver.ensure_running()
     finally:
@@ -119,8 +125,10 @@ def main(argv: list[str]) -> None:
     code = 0
     try:
         record(launch)(argv)  # as torchrun's main: records a failed rank, then re-raises
-    except SystemExit as exc:  # bad arguments: argparse printed why
-        code = exc.code if isinstance(exc.code, int) else (print(exc.code, file=sys.stderr) or 2)
+    except SystemExit as exc:  # --help, or bad arguments (argparse printed why)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except BaseException:  # noqa: BLE001 - printed as the interpreter would (torchrun's summary)
         traceback.print_exc()
         code = 1
