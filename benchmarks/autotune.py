@@ -23,6 +23,10 @@ and measured 159.2 and 142.9 ms (errors -6.0 % and +4.9 %, median 5.5 %). Altern
 175.4 ms, tuned (GPipe, m = 4) 144.1 ms: 1.22x. An earlier run picked the first candidate
 instead of the fastest confirmed one and measured 1.06x; under three other jobs sharing the
 cores the errors grew to 20-30 % and the ratio fell to 0.93-1.10x.
+
+Again on 2026-12-02, with CPU jobs started by the warm agent (`utils.runtime.warm_agent`): 624
+candidates in 112 ms against a start-up of 2.57 s (ratio 0.044); median prediction error 8.7 %;
+default 191.6 ms against tuned (balanced [0, 6, 8], 1F1B, m = 4) 165.4 ms: 1.16x.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ that imported torch and DeepSpeed once), alternated job by job so both see the s
 
 Each job is a real one (`utils.run_job` on the CPU): 1 step of a 2-block GPT, so its time is
 almost all start-up and shutdown. Prints each job's wall time, the medians and the ratio
-warm / torchrun per world size. Measured on the 2-core CPU VM (2026-12-02, 3 repeats):
+warm / torchrun per world size. Measured on the 2-core CPU VM (2026-12-02, 3 repeats,
+nothing else running):
 
     ranks  torchrun  warm   warm/torchrun
-        2    4.8 s   3.6 s   0.75
-        4    9.1 s   3.7 s   0.41
+        2    3.8 s   2.2 s   0.60
+        4    6.0 s   2.5 s   0.42
 """
 
 import argparse
