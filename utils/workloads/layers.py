@@ -194,6 +194,24 @@ class Model:
         """Parameters per layer, counted on the meta device (nothing is allocated)."""
         return [sum(p.numel() for p in layer.parameters()) for layer in self.meta_layers()]
 
+    def forward_flops(self, micro_batch_size: int) -> list[int]:
+        """Floating-point operations of each layer's forward on one micro-batch (the last layer's
+        with the loss), as torch's ``FlopCounterMode`` counts them on the meta device: set by
+        the model's structure (matrix multiplies and the like), not measured, the same on any
+        machine. Element-wise operations are not counted."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        x, labels = self.make_batch(torch.Generator().manual_seed(0), micro_batch_size)
+        x, labels = x.to("meta"), labels.to("meta")
+        flops = []
+        for index, layer in enumerate(self.meta_layers()):
+            with FlopCounterMode(display=False) as counter:
+                x = layer(x)
+                if index == self.num_layers - 1:
+                    self.loss_fn(x, labels)
+            flops.append(int(counter.get_total_flops()))
+        return flops
+
     def meta_layers(self) -> list[nn.Module]:
         """The layers built on the meta device and left uninitialised: their parameters'
         names and shapes, with no memory allocated and no random numbers drawn."""
