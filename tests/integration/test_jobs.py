@@ -7,8 +7,9 @@ from deepspeed.runtime.pipe.schedule import BackwardPass, ForwardPass, TrainSche
 
 from tests.helpers import SMALL_GPT
 from utils import JobSpec, run_job, start_job
-from utils.jobs.launchers import LocalTorchrun
+from utils.jobs.launchers import TORCHRUN_MODULE, WARM_AGENT_MODULE
 from utils.runtime.warm_agent import BANNER
+from utils.system.private_apis import WARM_START_ENV
 from utils.workloads.reference import train_sequential
 from utils.timeline import COMM_KINDS
 
@@ -123,12 +124,21 @@ def test_gpipe_and_1f1b_are_bit_identical_and_order_differently(runs_root):
     assert one_f_one_b.timeline.compute_order(0, 1) == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
 
 
-def test_torchruns_own_command_and_the_warm_agent_run_the_same_job(runs_root):
-    """A CPU job's ranks start through `utils.runtime.warm_agent`; torchrun's own command
-    (what command.txt holds and a GPU node runs) starts the same job with the same result."""
+def test_torchruns_own_command_and_the_warm_agent_run_the_same_job(runs_root, monkeypatch):
+    """A CPU job's ranks start through `utils.runtime.warm_agent`; with ``WORKBOOK_WARM_START=0``
+    torchrun's own command (what command.txt holds and a GPU node runs) starts the same job
+    with the same result."""
     spec = JobSpec(**SMALL_GPT, num_stages=2, micro_batches=2, steps=2)
-    warm = start_job(spec, launcher=LocalTorchrun()).wait()
-    plain = start_job(spec, launcher=LocalTorchrun(warm=False)).wait()
+    monkeypatch.delenv(WARM_START_ENV, raising=False)
+    warm_job = start_job(spec)
+    warm = warm_job.wait()
+    monkeypatch.setenv(WARM_START_ENV, "0")
+    plain_job = start_job(spec)
+    plain = plain_job.wait()
+    assert warm_job.launcher.agents[0].args[1:3] == ["-m", WARM_AGENT_MODULE]  # what was really run
+    assert plain_job.launcher.agents[0].args[1:3] == ["-m", TORCHRUN_MODULE]
+    assert warm.ok and plain.ok
+    assert not [n for n in (*warm.notes, *plain.notes) if "torchrun's own command" in n]  # no fallback note
     assert warm.losses == plain.losses == pytest.approx(train_sequential(spec), rel=1e-5, abs=1e-6)
     assert warm.command.replace(warm.name, "") == plain.command.replace(plain.name, "")
     assert (warm.path / "launcher.log").read_text().splitlines()[0] == BANNER

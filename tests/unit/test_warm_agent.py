@@ -1,6 +1,7 @@
 """The warm start of CPU jobs (`utils.runtime.warm_agent`), without starting a job: which
-command the launcher runs, how a job's processes are found, and what the fork server may
-import before it knows a rank. Jobs started this way are the integration tests'."""
+command the launcher runs (and when it falls back to torchrun's: `WORKBOOK_WARM_START=0`, a
+private API gone), how a job's processes are found, and what the fork server may import
+before it knows a rank. Jobs started this way are the integration tests'."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import multiprocessing.forkserver
+
 import pytest
 
+from utils.jobs.launch import start_job
 from utils.jobs.launchers import TORCHRUN_MODULE, WARM_AGENT_MODULE, LocalTorchrun
 from utils.jobs.plan import plan_job
 from utils.jobs.rundir import RunDir
 from utils.jobs.spec import JobSpec
 from utils.runtime import warm_agent
+from utils.system import private_apis
+from utils.system.private_apis import WARM_START_ENV
 from utils.system.procs import job_processes
 
 TINY = {"model": "gpt", "micro_batch_size": 2, "num_stages": 2, "micro_batches": 2, "steps": 1,
@@ -28,6 +34,12 @@ TINY = {"model": "gpt", "micro_batch_size": 2, "num_stages": 2, "micro_batches":
 @pytest.fixture(scope="module")
 def cpu_plan():
     return plan_job(JobSpec(**TINY, device="cpu"))
+
+
+@pytest.fixture(autouse=True)
+def default_switch(monkeypatch):
+    """Each test starts from the default (the switch unset), whatever the shell exported."""
+    monkeypatch.delenv(WARM_START_ENV, raising=False)
 
 
 def test_a_cpu_job_runs_torchruns_arguments_through_the_warm_agent(cpu_plan, tmp_path):
@@ -45,6 +57,81 @@ def test_torchruns_own_command_runs_on_a_gpu_and_when_asked(cpu_plan, tmp_path):
     gpu_plan = replace(cpu_plan, device="cuda")
     assert LocalTorchrun().agent_argv(gpu_plan, argv) == argv
     assert LocalTorchrun(warm=False).agent_argv(cpu_plan, argv) == argv
+
+
+def test_the_switch_is_read_at_launch_and_0_runs_torchruns_own_command(cpu_plan, tmp_path, monkeypatch):
+    launcher, run_dir = LocalTorchrun(), RunDir(tmp_path / "run")
+    argv = launcher.argv(cpu_plan, run_dir)
+    monkeypatch.setenv(WARM_START_ENV, "0")  # after the launcher exists: read when a job starts
+    assert launcher.agent_argv(cpu_plan, argv) == argv
+    assert launcher.warm_start(cpu_plan, argv) == (False, None)  # asked for: no note
+    monkeypatch.setenv(WARM_START_ENV, "1")
+    assert launcher.agent_argv(cpu_plan, argv)[1:3] == ["-m", WARM_AGENT_MODULE]
+
+
+@pytest.mark.parametrize("value", ["", "yes", "false", " 0"])
+def test_another_value_of_the_switch_stops_the_job_before_it_exists(value, tmp_path, monkeypatch):
+    monkeypatch.setenv(WARM_START_ENV, value)
+    with pytest.raises(ValueError, match=rf"{WARM_START_ENV}=.* use 1 .* or 0 "):
+        start_job(JobSpec(**TINY, device="cpu"), directory=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no run, no process
+
+
+def test_a_missing_private_api_runs_torchruns_command_with_a_note(cpu_plan, tmp_path, monkeypatch):
+    """What the launcher does when torch or Python changed under the warm agent: torchrun's own
+    command, and a note (the job's notes, which the progress line prints, and its launcher log)."""
+    monkeypatch.delattr(multiprocessing.forkserver, "ensure_running")  # as a Python that renamed it
+    launcher, run_dir = LocalTorchrun(), RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    argv = launcher.argv(cpu_plan, run_dir)
+    assert launcher.agent_argv(cpu_plan, argv) == argv
+    notes = launcher.notes(cpu_plan, run_dir)
+    assert len(notes) == 1 and "torchrun's own command" in notes[0]
+    assert "multiprocessing.forkserver.ensure_running (checked against Python 3.11) is gone" in notes[0]
+    assert notes[0] in run_dir.launcher_log().read_text()
+    monkeypatch.setenv(WARM_START_ENV, "0")  # the learner chose torchrun's command: nothing to say
+    assert launcher.notes(cpu_plan, run_dir) == [] and launcher.agent_argv(cpu_plan, argv) == argv
+    gpu_plan = replace(cpu_plan, device="cuda")
+    monkeypatch.delenv(WARM_START_ENV)
+    assert LocalTorchrun().warm_start(gpu_plan, argv) == (False, None)  # never warm on a GPU: no note
+
+
+def test_only_a_required_api_turns_the_warm_start_off(cpu_plan, tmp_path, monkeypatch):
+    # torch._dynamo is only preloaded (a fork server skips what it cannot import): optional.
+    optional = private_apis.PrivateApi("torch", "_no_such_preload", "torch 2.13.0", "slower ranks",
+                                       (WARM_AGENT_MODULE,), required=False)
+    monkeypatch.setattr(private_apis, "PRIVATE_APIS", (*private_apis.PRIVATE_APIS, optional))
+    argv = LocalTorchrun().argv(cpu_plan, RunDir(tmp_path / "run"))
+    assert LocalTorchrun().warm_start(cpu_plan, argv) == (True, None)
+    assert [api for api, _ in private_apis.unavailable(WARM_AGENT_MODULE)] == [optional]
+
+
+def test_the_agent_falls_back_to_torchruns_command_when_it_cannot_set_up(monkeypatch, capsys):
+    """A change the launcher's check cannot see (a signature) fails while the agent sets up,
+    before any rank exists: the agent then becomes torchrun's command, same pid, same log."""
+    class Exec(Exception):
+        pass
+
+    execs = []
+
+    def execv(path, args):
+        execs.append((path, args))
+        raise Exec
+
+    def set_up():
+        raise TypeError("config_from_args() takes 2 positional arguments but 1 was given")
+
+    monkeypatch.setattr(warm_agent, "set_up", set_up)
+    monkeypatch.setattr(warm_agent, "end", lambda: None)  # no fork server here to end
+    monkeypatch.setattr(warm_agent.os, "execv", execv)
+    argv = ["--standalone", "--nproc-per-node=2", "-m", warm_agent.RANK_PROGRAM, "/x"]
+    with pytest.raises(Exec):
+        warm_agent.main(argv)
+    assert execs == [(sys.executable, [sys.executable, "-m", TORCHRUN_MODULE, *argv])]
+    assert warm_agent.TORCHRUN_MODULE == TORCHRUN_MODULE
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == warm_agent.BANNER
+    assert out[1].startswith(warm_agent.FALLBACK_NOTE) and "TypeError: config_from_args()" in out[1]
 
 
 def test_the_warm_agent_takes_torchruns_arguments_and_refuses_another_program():

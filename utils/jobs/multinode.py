@@ -76,6 +76,7 @@ class TorchrunNodes(LocalTorchrun):
         return [n for n in plan.nodes if self.start_nodes is None or n.index in self.start_nodes]
 
     def check(self, plan: JobPlan) -> None:
+        super().check(plan)  # the warm-start switch
         remote = [n.host for n in self._starts(plan) if not is_local_host(n.host)]
         if remote:
             raise ValueError(f"host(s) {remote} are not this machine, and the notebook starts torchrun agents only "
@@ -106,7 +107,9 @@ class TorchrunNodes(LocalTorchrun):
                          + self.node_command(plan, run_dir, n) for n in plan.nodes)
 
     def notes(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
-        return [f"node {n.index} ({n.host}) is not started from here: run this on it within "
+        starts = self._starts(plan)
+        warm = self.warm_start(plan, self.node_argv(plan, run_dir, starts[0]))[1] if starts else None
+        return ([warm] if warm else []) + [f"node {n.index} ({n.host}) is not started from here: run this on it within "
                 f"join_timeout={plan.spec.join_limit} s: {self.node_command(plan, run_dir, n, token=True)}"
                 for n in plan.nodes if n not in self._starts(plan)]
 

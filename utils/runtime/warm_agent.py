@@ -19,6 +19,12 @@ store exists and before this process has a thread.
 Only for CPU jobs (``utils.jobs.launchers.LocalTorchrun.agent_argv``): on a GPU node nothing
 may initialise CUDA in a process that forks ranks, so there torchrun's own command runs.
 ``command.txt`` is always torchrun's command: it starts the same job, only slower.
+
+The warm path relies on private APIs of multiprocessing and torch's elastic launcher, listed
+in `utils.system.private_apis`. The launcher checks them before each CPU job and runs
+torchrun's command when one is gone (``WORKBOOK_WARM_START=0`` does so on request). Should
+setting up still fail here, before any rank exists (a changed signature), `fall_back` replaces
+this process with torchrun's command, after a note in the launcher log.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tempfile
 import traceback
 import uuid
 from multiprocessing import forkserver, resource_tracker, util
+from typing import NoReturn
 
 RANK_PROGRAM = "utils.runtime.rank"
 """The only program this agent runs (``utils.jobs.launchers.RANK_PROGRAM``)."""
@@ -44,6 +51,11 @@ SOCKET_UNDER_TEMP = len("/pymp-12345678/listener-12345678")
 """What multiprocessing adds to the temporary folder: its own folder, then the socket."""
 BANNER = ("[workbook] torchrun's elastic agent (torch.distributed.run's launch) with ranks "
           "forked from a preloaded fork server; command.txt is the same job as a plain torchrun command")
+TORCHRUN_MODULE = "torch.distributed.run"
+"""What `fall_back` runs instead (``utils.jobs.launchers.TORCHRUN_MODULE``)."""
+FALLBACK_NOTE = ("[workbook] the warm agent could not be set up (the private multiprocessing/torch APIs it "
+                 "relies on have changed: update utils/runtime/warm_agent.py and utils/system/private_apis.py); "
+                 "running torchrun's own command instead, the same job started slower")
 
 
 def start_fork_server() -> None:
@@ -113,14 +125,35 @@ def launch(argv: list[str]) -> None:
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, _, _ = config_from_args(args)
     config.start_method = "forkserver"
-    report_every_failure()
     elastic_launch(config=config, entrypoint=forked_main)(*args.training_script_args)
+
+
+def set_up() -> None:
+    """What the warm path needs before a rank exists: the fork server, the every-failure
+    context, and the torch names `launch` uses. Raises when those private APIs changed."""
+    start_fork_server()
+    report_every_failure()
+    from torch.distributed.launcher.api import elastic_launch  # noqa: F401 - missing now, not midway
+    from torch.distributed.run import config_from_args, parse_args  # noqa: F401
+
+
+def fall_back(argv: list[str], error: BaseException) -> NoReturn:
+    """Replace this process with torchrun's own command for `argv` (same pid, same log), after
+    a note saying why and ending the fork server if it started. Does not return."""
+    print(f"{FALLBACK_NOTE}: {type(error).__name__}: {error}", flush=True)
+    end()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", TORCHRUN_MODULE, *argv])
 
 
 def main(argv: list[str]) -> None:
     print(BANNER, flush=True)
-    start_fork_server()
-    from torch.distributed.elastic.multiprocessing.errors import record
+    try:
+        set_up()
+        from torch.distributed.elastic.multiprocessing.errors import record
+    except Exception as exc:  # noqa: BLE001 - whatever changed, torchrun's command still runs the job
+        fall_back(argv, exc)
 
     code = 0
     try:
@@ -150,15 +183,17 @@ def end() -> None:
     (``/dev/shm/sem.mp-*``, which accumulated otherwise) and removes the socket's folder.
     Last, multiprocessing's resource tracker is stopped and reaped: it ignores SIGTERM, so
     as an orphan it made the launcher wait for it."""
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
     if pid:
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-    util._exit_function()
-    stop_tracker = getattr(resource_tracker._resource_tracker, "_stop", None)
+    exit_function = getattr(util, "_exit_function", None)  # each may be gone (private APIs)
+    if exit_function is not None:
+        exit_function()
+    stop_tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_stop", None)
     if stop_tracker is not None:
         stop_tracker()
 
