@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import schedule_events
+from tests.helpers import SMALL_GPT, schedule_events
+from utils import Fault, JobSpec
 from utils.analysis.diagnosis import Diagnosis, Symptom, Where
 from utils.analysis.slowness import STRAGGLER_FACTOR, performance_symptoms, rank_costs
-from utils.jobs.diagnose import _chains, parse_status, waits_for
+from utils.jobs.diagnose import _chains, diagnose, parse_status, waits_for
 from utils.jobs.errors import PATTERNS, engine_instruction_of, explain
+from utils.jobs.rundir import RunDir
 from utils.jobs.stacks import engine_instruction, main_stack, parse_stacks, short_path, stack_summary
 from utils.timeline import Timeline
 
@@ -229,6 +231,7 @@ def test_a_balanced_pipeline_has_a_fill_and_drain_bubble_only():
 def test_waiting_for_a_slow_stage_is_told_from_fill_and_drain():
     tl = _grid_timeline(2, 16, 1, slow={1: 3.0})
     bubble = next(s for s in performance_symptoms(tl) if s.code == "bubble")
+    # timing-claim: construction — a timeline the test built (stage 1 three times slower), no clock read
     assert bubble.evidence["imbalance"] > bubble.evidence["fill_and_drain"] == pytest.approx(1 / 17, abs=1e-3)
     assert bubble.where.stage == 1 and "waits for stage 1" in bubble.cause
 
@@ -240,6 +243,7 @@ def test_idle_time_the_stage_costs_do_not_explain_is_named():
                                                        "start": e.start * 2, "end": e.start * 2 + (e.end - e.start)}))
     tl = Timeline(events=tuple(events), num_stages=2, num_micro_batches=8)
     bubble = next(s for s in performance_symptoms(tl) if s.code == "bubble")
+    # timing-claim: construction — events the test crafted (2 s gaps on stage 1), no clock read
     assert bubble.evidence["other"] > max(bubble.evidence["fill_and_drain"], bubble.evidence["imbalance"])
     assert "do not explain" in bubble.what
 
@@ -253,6 +257,117 @@ def test_memory_names_the_stage_that_adds_most_and_why():
     gpipe = next(s for s in performance_symptoms(_grid_timeline(2, 4, 1, schedule="gpipe"), step_memory={0: 1, 1: 2})
                  if s.code == "memory")
     assert gpipe.where.stage == 1 and "GPipe" in gpipe.cause
+
+
+# --- the rank that did not fail: one finding, whichever way the race went ------------------------------
+# Rank 1 raises an injected fault in step 1's forward while rank 0 waits in recv_grad for it. Rank 0
+# either notices (its receive fails: a lost connection) or the agent stops it first (SIGTERM). The
+# records each outcome leaves, as real jobs wrote them (tests/integration/test_diagnose_real.py):
+_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+forked_main FAILED
+------------------------------------------------------------
+Failures:
+{others}------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_15:41:42
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 12552)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+_STOPPED_RANK_0 = """[1]:
+  time      : 2026-12-03_15:41:42
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 12551)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 12551
+"""
+_TERMINATING = ("W1203 15:41:42.302000 12184 .venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py:165] "
+                "Terminating process 12551 via signal SIGTERM\n")
+OUTCOMES = {
+    # rank 0 noticed first: its error record is a lost connection
+    "noticed": dict(error=True, log=_TERMINATING + _SUMMARY.format(others="  <NO_OTHER_FAILURES>\n"),
+                    how="lost-connection", told="its error record"),
+    # stopped first, and the launcher's summary says so (torchrun's command: exit code -15)
+    "stopped, per the report": dict(error=False, log=_SUMMARY.format(others=_STOPPED_RANK_0), how="stopped",
+                                    told="the launcher's report: exit code -15"),
+    # stopped first; the summary lists failures only (the warm agent), its log names the pid it stopped
+    "stopped, per the log": dict(error=False, log=_TERMINATING + _SUMMARY.format(others="  <NO_OTHER_FAILURES>\n"),
+                                 how="stopped", told="the launcher's log"),
+    # stopped first, and no word of it anywhere: no error record, no result, no exit code of its own
+    "no trace": dict(error=False, log=_SUMMARY.format(others="  <NO_OTHER_FAILURES>\n"), how="stopped",
+                     told="no error record, no result and no exit code of its own"),
+}
+
+
+def _failed_run(path: Path, *, error: bool, log: str) -> RunDir:
+    """The record of a 2-stage job whose rank 1 raised the injected fault first (at t=100)."""
+    spec = JobSpec(**{**SMALL_GPT, "num_stages": 2, "micro_batches": 4, "steps": 3,
+                      "fault": Fault(kind="raise", stage=1, step=1, instruction="forward")})
+    rd = RunDir(path)
+    rd.write_spec(spec.to_dict())
+    fault = "injected fault: stage 1 fails at step 1 in forward"
+    rd.write_status(state="failed", error=f"rank 1 (stage 1) raised RuntimeError: {fault}", started=90.0,
+                    finished=101.0, command="", notes=[])
+    rd.write_error(1, {"rank": 1, "stage": 1, "time": 100.0, "type": "RuntimeError", "message": fault,
+                       "traceback": f'  File "utils/runtime/faults.py", line 90, in fail\nRuntimeError: {fault}\n'})
+    if error:
+        lost = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:48803."
+        rd.write_error(0, {"rank": 0, "stage": 0, "time": 100.05, "type": "RuntimeError", "message": lost,
+                           "traceback": f"RuntimeError: {lost}\n"})
+    for rank, (pid, doing) in enumerate([(12551, "step=1 recv_grad mb=0 t=99.9"),
+                                         (12552, "step=1 forward mb=0 t=100.0")]):
+        rd.write_placement(rank, {"rank": rank, "node": 0, "host": "vm", "hostname": "vm", "local_rank": rank,
+                                  "pid": pid})
+        rd.status_slot(rank).write_bytes(doing.encode().ljust(128))
+    rd.launcher_log().write_text(log)
+    return rd
+
+
+@pytest.mark.parametrize("outcome", sorted(OUTCOMES))
+def test_the_rank_that_lost_its_peer_is_one_finding_in_every_outcome(tmp_path, outcome):
+    case = OUTCOMES[outcome]
+    d = diagnose(_failed_run(tmp_path, error=case["error"], log=case["log"]).path)
+    assert d.kind == "failed" and d.primary.code == "injected-fault" and d.primary.where.rank == 1, d
+    lost = [f for f in d.findings if f.code == "peer-lost"]
+    assert len(lost) == 1 and lost[0].evidence["ranks"] == [0], d
+    assert lost[0].evidence["how"] == {0: case["how"]}
+    assert lost[0].evidence["told_by"][0].startswith(case["told"]), lost[0].evidence
+    assert lost[0].evidence["doing"] == {0: "step=1 recv_grad mb=0"}      # its status slot, without the stamp
+    w = lost[0].where
+    assert (w.rank, w.stage, w.instruction, w.step, w.micro_batch) == (0, 0, "recv_grad", 1, 0)
+    assert lost[0].severity == "info" and "not a second problem" in lost[0].cause
+    assert ("stopped by the launcher before it noticed" in lost[0].what) == (case["how"] == "stopped")
+
+
+def test_a_rank_with_an_exit_code_of_its_own_is_no_consequence(tmp_path):
+    # No error record, but the launcher reports an exit code that is not its SIGTERM: it died by
+    # itself (a second problem), and the consequence finding does not claim it.
+    own = _STOPPED_RANK_0.replace("exitcode  : -15", "exitcode  : -9")
+    d = diagnose(_failed_run(tmp_path, error=False, log=_SUMMARY.format(others=own)).path)
+    assert d.primary.where.rank == 1 and d.find("peer-lost") is None, d
+    (tmp_path / "result-rank0.json").write_text("{}")                         # and a rank that finished is none
+    d = diagnose(tmp_path)
+    assert d.find("peer-lost") is None, d
+
+
+def test_a_death_the_job_error_could_not_name_is_read_from_the_launchers_summary(tmp_path):
+    # The watcher wrote the job's error before the agent's summary (a busy machine): "died", no
+    # exit code. The summary the agent wrote afterwards names SIGKILL; the diagnosis reads it.
+    killed = _SUMMARY.replace("exitcode  : 1 (pid: 12552)", "exitcode  : -9 (pid: 12552)")
+    rd = _failed_run(tmp_path, error=True, log=killed.format(others="  <NO_OTHER_FAILURES>\n"))
+    rd.error_file(1).unlink()
+    rd.write_spec({**rd.read_spec(), "fault": {"kind": "killed", "stage": 1, "step": 1, "instruction": "forward"}})
+    rd.write_status(state="failed", error="rank 1 (stage 1) died while in: step=1 forward mb=0, and no Python error",
+                    started=90.0, finished=101.0, command="", notes=[])
+    d = diagnose(tmp_path)
+    assert d.primary.code == "killed" and d.primary.evidence["exit"] == "was killed by SIGKILL", d
+    assert d.find("peer-lost").evidence["how"] == {0: "lost-connection"}
 
 
 # --- the report -------------------------------------------------------------------------------------

@@ -21,12 +21,15 @@ students must find it from the evidence).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 from pathlib import Path
 
 from utils.analysis.diagnosis import Diagnosis, Symptom, Where
 from utils.analysis.slowness import performance_symptoms
 from utils.jobs.errors import engine_instruction_of, explain
+from utils.jobs.launchers import recorded_exit_report
 from utils.jobs.rundir import StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, parse_stacks, stack_summary
@@ -131,14 +134,71 @@ def _failed(run: Run) -> tuple[str, list[Symptom]]:
                                 cause="no rank left an error record, and the launcher's report names no rank",
                                 fix=f"read launcher.log and the ranks' logs in {run.path}"))
     primary = findings[0]
-    lost = sorted(e["rank"] for e, x in explained if x is not None and x.consequence and e["rank"] != primary.where.rank)
-    if lost:
-        findings.append(Symptom(
-            code="peer-lost", severity="info", what=f"rank(s) {lost} failed only because rank {primary.where.rank} "
-                                                    "went away (their connection to it closed)",
-            evidence={"ranks": lost}, cause="a consequence of the first failure, not a second problem",
-            fix="nothing of their own"))
+    if primary.where.rank is not None:
+        consequence = _consequences(run, primary, explained)
+        if consequence is not None:
+            findings.append(consequence)
     return f"rank {primary.where.rank} (stage {primary.where.stage}) failed first: {primary.what}", findings
+
+
+_HOW = {"lost-connection": "lost its connection to it", "stopped": "was stopped by the launcher before it noticed"}
+
+
+def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object]]) -> Symptom | None:
+    """One ``peer-lost`` finding for every rank that ended only because `primary`'s rank failed
+    first, whichever way the race between them went (None when there is none):
+
+    - ``lost-connection``: it noticed: its error record is a lost connection (a consequence);
+    - ``stopped``: the launcher stopped it (SIGTERM) before it noticed, and it left no error
+      record. Told by the launcher's report (exit code -15, or its log line closing the rank's
+      pid: `utils.jobs.launchers.ExitReport.stopped_by_launcher`), or, where the report says
+      nothing of it (elastic's function context lists failures only: the warm agent), by its
+      record: no error, no result, no exit code of its own, after the first failure's record.
+
+    Its status slot says what it was doing when it ended. A rank with an exit code of its own
+    and no error record died by itself: not a consequence, not listed."""
+    rd, first = run.run_dir, primary.where.rank
+    report = recorded_exit_report(rd)
+    co_causes = {first, *primary.evidence.get("same_error_on_ranks", ())}
+    recorded = {e["rank"]: (e, x) for e, x in explained}
+    how, told_by, doing = {}, {}, {}
+    for rank in run.ranks:
+        if rank in co_causes or rd.result_file(rank).exists():
+            continue
+        if rank in recorded:
+            error, x = recorded[rank]
+            if x is None or not x.consequence:
+                continue  # a cause of its own: the primary finding names it (same_error_on_ranks)
+            how[rank] = "lost-connection"
+            told_by[rank] = f"its error record: {error.get('type')}: {str(error.get('message', ''))[:120]}"
+        elif report.stopped_by_launcher(rank):
+            how[rank] = "stopped"
+            told_by[rank] = ("the launcher's report: exit code -15 (SIGTERM)" if rank in report.exit_codes else
+                             "the launcher's log: it closed the rank's process with SIGTERM")
+        elif rank not in report.exit_codes:
+            how[rank] = "stopped"
+            told_by[rank] = (f"no error record, no result and no exit code of its own: it ended after rank "
+                             f"{first}'s failure, without noticing it")
+        else:
+            continue
+        slot = StatusSlot.read(rd.status_slot(rank))
+        doing[rank] = _STAMP.sub("", slot.strip()) or "nothing recorded (still setting up)"
+    if not how:
+        return None
+    ranks = sorted(how)
+    if all(h == "lost-connection" for h in how.values()):
+        what = f"rank(s) {ranks} failed only because rank {first} went away (their connection to it closed)"
+    else:
+        what = (f"rank(s) {ranks} ended only because rank {first} failed first: "
+                + "; ".join(f"rank {r} {_HOW[how[r]]} (in: {doing[r]})" for r in ranks))
+    return Symptom(code="peer-lost", severity="info", what=what,
+                   where=_where(run, ranks[0]) if len(ranks) == 1 else Where(),
+                   evidence={"ranks": ranks, "how": {r: how[r] for r in ranks},
+                             "told_by": {r: told_by[r] for r in ranks}, "doing": {r: doing[r] for r in ranks}},
+                   cause="a consequence of the first failure, not a second problem: a rank that loses its neighbour "
+                         "either notices (its send or receive fails) or is stopped by the launcher first, whichever "
+                         "comes first on this machine",
+                   fix="nothing of their own")
 
 
 def _where(run: Run, rank: int, traceback_text: str = "") -> Where:
@@ -176,7 +236,17 @@ def _from_error(run: Run, error: dict, explanation, *, also: list[int]) -> Sympt
 
 def _from_death(run: Run, rank: int, died: re.Match) -> Symptom:
     where = _where(run, rank)
-    how = f"was killed by {died['signal']}" if died["signal"] else f"died with exit code {died['code']}"
+    signal_name, code = died["signal"], died["code"]
+    if not signal_name and code is None:
+        # The job's error was written before the launcher's summary named the exit code (its
+        # agent slow to report, on a busy machine); the summary it wrote later is in its log.
+        reported = recorded_exit_report(run.run_dir).exit_codes.get(rank)
+        if reported is not None and reported < 0:
+            with contextlib.suppress(ValueError):
+                signal_name = signal.Signals(-reported).name
+        code = None if signal_name or reported is None else str(reported)
+    how = (f"was killed by {signal_name}" if signal_name else
+           f"died with exit code {code}" if code is not None else "died, with no exit code reported")
     log_tail = run.log(rank, tail=60)
     explanation = explain(log_tail)
     evidence = {"exit": how, "steps_done": len(run.progress(rank))}
@@ -184,7 +254,7 @@ def _from_death(run: Run, rank: int, died: re.Match) -> Symptom:
         return Symptom(code=explanation.code, what=f"rank {rank} {how}: {explanation.matched[:160]}", where=where,
                        evidence={**evidence, "matched": explanation.matched},
                        cause=explanation.cause + _sender(run, where, explanation.code), fix=explanation.fix)
-    if died["signal"] == "SIGKILL":
+    if signal_name == "SIGKILL":
         return Symptom(code="killed", what=f"rank {rank} was killed by SIGKILL, with no Python error", where=where,
                        evidence=evidence,
                        cause="something outside the process killed it: most often the kernel's out-of-memory killer "

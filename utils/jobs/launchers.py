@@ -34,6 +34,7 @@ import psutil
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
 from utils.system.extensions import LOCK_NAME, build_locks, extensions_dir, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
+from utils.system.private_apis import warm_start
 from utils.system.procs import end_process_tree, job_processes
 
 if TYPE_CHECKING:
@@ -69,10 +70,17 @@ class ExitReport:
     """Rank -> exit code for the ranks that failed (negative: killed by that signal)."""
     first_failed: tuple[int, ...] = ()
     """The rank(s) the launcher saw fail first (the likely cause)."""
+    closed: tuple[int, ...] = ()
+    """Ranks the launcher's log says it sent SIGTERM to while they still ran, after another
+    rank failed (`TORCHRUN_CLOSED`). torchrun's command also lists such a rank with exit code
+    -15; elastic's function context (the warm agent's) lists failures only, so there that log
+    line is the agent's one word on the ranks it stopped."""
 
     def stopped_by_launcher(self, rank: int) -> bool:
-        """True when the launcher itself ended this rank (SIGTERM after another failed)."""
-        return self.exit_codes.get(rank) == -signal.SIGTERM
+        """True when the launcher itself ended this rank (SIGTERM after another failed): exit
+        code -15 in its summary, or no exit code of its own and closed by the launcher."""
+        code = self.exit_codes.get(rank)
+        return code == -signal.SIGTERM or (code is None and rank in self.closed)
 
 
 class Launcher(ABC):
@@ -141,6 +149,12 @@ class Launcher(ABC):
 TORCHRUN_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
 #: Where torchrun's summary names the failure it observed first.
 TORCHRUN_ROOT_CAUSE = "Root Cause (first observed failure)"
+#: The warning logged as a rank that still runs is stopped after another failed: "Terminating
+#: process 123 via signal SIGTERM" (torch.multiprocessing's join, under elastic's function entry
+#: points: the warm agent), "Closing process 123 via signal SIGTERM" (elastic's close of the
+#: same), "Sending process 123 closing signal SIGTERM" (torchrun's command).
+TORCHRUN_CLOSED = re.compile(r"(?:(?:Terminating|Closing) process (\d+) via signal|Sending process (\d+) closing signal) "
+                             r"SIGTERM\b")
 
 
 #: torchrun's arguments for a job on this machine alone. ``--standalone`` starts the
@@ -232,13 +246,28 @@ class LocalTorchrun(Launcher):
         """The launcher's argument vector: this interpreter running torchrun's module."""
         return [sys.executable, "-m", TORCHRUN_MODULE, *self._args(plan, run_dir)]
 
+    def check(self, plan: JobPlan) -> None:
+        self.warm_start(plan, [])  # a mistyped WORKBOOK_WARM_START stops the job before it has a run directory
+
+    def notes(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
+        note = self.warm_start(plan, self.argv(plan, run_dir))[1]
+        if note:  # also where the job's output goes
+            with open(run_dir.launcher_log(), "a", encoding="utf-8") as log:
+                log.write(f"[workbook] {note}\n")
+        return [note] if note else []
+
+    def warm_start(self, plan: JobPlan, argv: list[str]) -> tuple[bool, str | None]:
+        """Whether torchrun's `argv` runs through `WARM_AGENT_MODULE`, and a note when it cannot
+        (`utils.system.private_apis.warm_start`: the switch, then the agent's private APIs)."""
+        return warm_start(self.warm and plan.device == "cpu" and TORCHRUN_MODULE in argv)
+
     def agent_argv(self, plan: JobPlan, argv: list[str]) -> list[str]:
         """What this launcher runs for a torchrun `argv`: on a CPU the same arguments to
         `utils.runtime.warm_agent` (torchrun's agent, with ranks forked from a fork server that
         imported torch and DeepSpeed once; ``benchmarks/warm_start.py`` measures the gain), on a
-        GPU `argv` itself (no process that forks ranks may touch CUDA). ``command.txt`` keeps
-        `argv`: the same job, started the slower way."""
-        if not self.warm or plan.device != "cpu":
+        GPU `argv` itself (no process that forks ranks may touch CUDA), and `argv` too when
+        `warm_start` says no. ``command.txt`` keeps `argv`: the same job, started the slower way."""
+        if not self.warm_start(plan, argv)[0]:
             return argv
         at = argv.index(TORCHRUN_MODULE)
         return [*argv[:at], WARM_AGENT_MODULE, *argv[at + 1:]]
@@ -375,14 +404,43 @@ class LocalTorchrun(Launcher):
             shutil.rmtree(self._temp, ignore_errors=True)
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
-        return torchrun_report(read_log(run_dir.launcher_log()))
+        return torchrun_report(read_log(run_dir.launcher_log()), placed_pids(run_dir))
 
 
-def torchrun_report(log: str) -> ExitReport:
-    """The failed ranks' exit codes and the root cause, from torchrun's closing summary."""
+def torchrun_report(log: str, pids: dict[int, int] | None = None) -> ExitReport:
+    """The failed ranks' exit codes and the root cause, from torchrun's closing summary, and
+    the ranks it closed with SIGTERM (`ExitReport.closed`; `pids`: pid -> rank, from the
+    ranks' placement files, since that line names a pid)."""
     _, _, root_cause = log.partition(TORCHRUN_ROOT_CAUSE)
+    closed = {int(a or b) for a, b in TORCHRUN_CLOSED.findall(log)}
     return ExitReport(exit_codes={int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)},
-                      first_failed=tuple(int(r) for r, _ in TORCHRUN_FAILURE.findall(root_cause)))
+                      first_failed=tuple(int(r) for r, _ in TORCHRUN_FAILURE.findall(root_cause)),
+                      closed=tuple(sorted(pids[pid] for pid in closed if pid in (pids or {}))))
+
+
+def placed_pids(run_dir: RunDir, node: int | None = None) -> dict[int, int]:
+    """Pid -> rank, as the ranks recorded themselves in their placement files (those of node
+    `node` only, when given: pids repeat across hosts)."""
+    placed = {}
+    for path in run_dir.path.glob("node-rank*.json"):
+        rank = path.stem.removeprefix("node-rank")
+        info = run_dir.placement(int(rank)) if rank.isdigit() else None
+        if info and isinstance(info.get("pid"), int) and (node is None or info.get("node") == node):
+            placed[info["pid"]] = int(rank)
+    return placed
+
+
+def recorded_exit_report(run_dir: RunDir) -> ExitReport:
+    """The launcher's report as the run directory keeps it, for a reader of a finished run
+    (`utils.jobs.diagnose`): every torchrun log in it (``launcher.log``, or one
+    ``launcher-node{i}.log`` per node of a multi-node job), merged."""
+    nodes = (path.stem.removeprefix("launcher-node") for path in run_dir.path.glob("launcher-node*.log"))
+    logs = [(run_dir.launcher_log(), None)]
+    logs += [(run_dir.launcher_log(int(n)), int(n)) for n in sorted(nodes) if n.isdigit()]
+    reports = [torchrun_report(read_log(path), placed_pids(run_dir, node)) for path, node in logs if path.exists()]
+    return ExitReport(exit_codes={r: c for rep in reports for r, c in rep.exit_codes.items()},
+                      first_failed=tuple(r for rep in reports for r in rep.first_failed),
+                      closed=tuple(sorted({r for rep in reports for r in rep.closed})))
 
 
 def read_log(path: Path) -> str:
