@@ -31,6 +31,8 @@ def test_pp_x_dp_records_every_replica(runs_root):
         forwards = sorted(e.micro_batch for e in tl.events if e.rank == rank and e.step == 1 and e.kind == "forward")
         assert forwards == [0, 1, 2, 3]
         assert [e.kind for e in tl.events if e.rank == rank and e.step == 1][-2:] == ["reduce_grads", "optimizer_step"]
+    # timing-claim: construction — 2 stages: the second waits for the first's first forward (idle > 0)
+    # and both compute (busy > 0), at any machine speed
     assert 0 < compute_metrics(tl, step=1).bubble_ratio < 1
 
 
@@ -48,6 +50,8 @@ def test_gpipe_holds_more_than_1f1b_and_checkpointing_holds_less(memory_runs):
 def test_the_memory_curve_climbs_through_gpipes_forwards(memory_runs):
     curve = memory_runs["gpipe"].memory_trace(2)[0]  # rank 0 = stage 0
     times = [t for t, _ in curve]
+    # timing-claim: construction — one rank's curve: its instructions run one after another, so their
+    # ends come in order, and the curve starts at the step's own base
     assert times == sorted(times) and curve[0][1] == 0
     peak = max(b for _, b in curve)
     first_backward = next(e.end for e in memory_runs["gpipe"].timeline.events

@@ -32,7 +32,11 @@ def test_a_raising_rank_fails_the_job_within_seconds(runs_root):
     assert "rank 1 (stage 1) raised RuntimeError: injected fault" in message
     assert "--- end of its traceback ---" in message and "faults.py" in message
     raised_at = read_json(run.path / "error-rank1.json")["time"]
-    assert noticed - raised_at < 10
+    print(f"the failure was reported {noticed - raised_at:.1f} s after the rank raised")
+    # timing-claim: margin — the launcher polls and ends the other rank: 7 s measured with other jobs on
+    # the 2 cores (the former 10 s bound nearly failed); 60 s is 8x that and 5x under the job's default timeout
+    # (300 s), which is what would end it if the failure went unnoticed
+    assert noticed - raised_at < 60
     assert run.state == "failed" and not run.ok
     assert job_processes(run.path) == []
 
@@ -54,7 +58,7 @@ def test_a_rank_killed_by_a_signal_is_named(runs_root):
 
 def test_stop_ends_every_process(runs_root):
     job = start_job(JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=1000))
-    deadline = time.time() + 90
+    deadline = time.time() + 240  # a guard: start-up takes seconds on a quiet machine
     while not job.progress() and time.time() < deadline:
         assert job.poll() == "running"
         time.sleep(0.2)
@@ -76,7 +80,7 @@ def test_ctrl_c_stops_the_whole_job(runs_root):
     """)
     before = set(runs_root.iterdir())
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 90
+    deadline = time.time() + 240  # a guard: start-up takes seconds on a quiet machine
     run_path = None
     while time.time() < deadline:
         new = set(runs_root.iterdir()) - before

@@ -91,15 +91,20 @@ def test_the_kit_installs_offline_beside_a_stand_in_image_and_runs_the_check(tmp
                # A private build folder: the kit's DeepSpeed lives elsewhere, so its CPU-only
                # communication op (none on CUDA) compiles with other include paths. Built in the
                # shared folder it would make the next job of the suite compile it back (~30 s).
-               TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),
+               # gpu_node.sh's default limit (480 s) fits the device's 10-minute command; here
+               # the test's own timeout bounds it, so a machine 3x slower still finishes (~100 s
+               # on a quiet 2-core VM; 480 s was reached with the machine oversubscribed 4:1).
+               GPU_CHECK_LIMIT="1200")
     # The dynamic check (two more jobs) is left out for test time; it uses the same job path.
     done = subprocess.run(["bash", str(PROJECT_ROOT / "benchmarks" / "gpu_node.sh"), str(out), "--device", "cpu",
                            "--only", "job,profile,clocks"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert f"deepspeed from {tmp_path / 'site'}" in done.stdout and "deepspeed 0.19.8" in done.stdout
     results = json.loads((out / "gpu_check.json").read_text())
     assert set(results["seconds"]) == {"job", "profile", "clocks"} and results["failed"] == []
+    # timing-claim: construction — a duration is positive and a sample count non-zero at any speed
     assert results["1_stage_job"]["backward_median_ms"] > 0 and results["clocks"]["forward"]["samples"] > 0
     with tarfile.open(out / "gpu_check.tar.gz") as packed:
         names = packed.getnames()

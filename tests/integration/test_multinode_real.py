@@ -51,6 +51,8 @@ def test_two_loopback_nodes_train_like_one_machine(single):
     assert "--nnodes=2" in run.command and "--rdzv-backend=c10d" in run.command
     links = boundary_links(run.timeline)
     assert [link.cross_node for link in links] == [False, True, False]
+    # timing-claim: construction — medians of real transfers' durations: moving bytes takes a positive
+    # time however fast or slow the machine; no two measurements are compared
     assert all(link.activation_s is not None and link.activation_s > 0 for link in links)
     rows = plot_timeline(run.timeline).layout.yaxis.categoryarray
     assert "stage 2 · node 1" in rows and "stage 1 · node 0" in rows
@@ -110,7 +112,13 @@ def test_a_node_that_never_joins_is_named_within_the_join_timeout(runs_root):
     assert any("node 1 (127.0.0.2) is not started from here" in note for note in job.notes)
     with pytest.raises(JobFailed) as failed:
         job.wait()
-    assert time.monotonic() - t0 < 8 + 30
+    elapsed = time.monotonic() - t0
+    print(f"the missing node was reported {elapsed:.1f} s after the start (join_timeout 8 s)")
+    # timing-claim: margin — node 0's start-up plus join_timeout=8 s plus the ending: 34 s measured with
+    # other jobs sharing the 2 cores (the former 38 s bound nearly failed); 180 s leaves room for a
+    # start-up 3x slower on shared cores and stays under the job's timeout=240 s, which would end the
+    # job if the join timeout did not (the message asserted below names the join timeout too)
+    assert elapsed < 180
     message = str(failed.value)
     assert "node 1 (127.0.0.2) never joined" in message and "Node(s) [0] waited join_timeout=8 s" in message
     assert not _job_processes(job.path)
@@ -124,7 +132,12 @@ def test_a_node_lost_mid_run_is_named_and_nothing_is_left(runs_root):
     t0 = time.monotonic()
     with pytest.raises(JobFailed) as failed:
         job.wait()
-    assert time.monotonic() - t0 < 30
+    elapsed = time.monotonic() - t0
+    print(f"the lost node was reported {elapsed:.1f} s after it was killed")
+    # timing-claim: margin — the launcher notices the dead agent and ends the other node: 2.8 s measured
+    # on shared cores; 120 s is 40x that, ample 3x slower and oversubscribed, and half the job's
+    # timeout=240 s that would end it if the loss went unnoticed
+    assert elapsed < 120
     message = str(failed.value)
     assert "node 1 (127.0.0.2) was lost during the run" in message and "SIGKILL" in message
     assert "ranks [2, 3]" in message

@@ -59,15 +59,48 @@ def test_profile_partition_is_imposed_and_recorded(runs_root, cache):
 
 def test_gpt_preset_shows_the_parameter_balance_problem(cache):
     """On the default gpt, DeepSpeed's parameter balance ranks the embedding like a heavy
-    layer though it costs little, and the stage with the head and the loss is the slowest."""
+    layer though it costs little, and the stage with the head and the loss is the slowest.
+
+    The layer costs are measured (medians over rounds that time every layer in turn, so load
+    that lasts hits all layers alike); only orders with a wide margin are asserted on them.
+    What the partitioners make of them is asserted exactly, on the same numbers."""
     profile = profile_layers("gpt", device="cpu", threads=1)
-    head, embedding, blocks = profile.total[-1], profile.total[0], profile.total[1:-1]
-    assert head > 2 * max(blocks) and embedding < max(blocks)
+    total = list(profile.total)
+    head, embedding, blocks = total[-1], total[0], total[1:-1]
+    print(f"measured layer costs (ms): embedding {embedding * 1e3:.2f}, blocks "
+          f"{[round(b * 1e3, 2) for b in blocks]}, head + loss {head * 1e3:.2f} "
+          f"(head / slowest block {head / max(blocks):.1f}, slowest block / embedding {max(blocks) / embedding:.0f})")
+    # timing-claim: margin — the head multiplies by a 128 x 8192 matrix (1M MACs a token, 5x a block's
+    # 0.2M) and the embedding only looks rows up: measured 4x the slowest block and 1/8-1/13 of the
+    # cheapest (quiet and loaded); every rank 3x slower or a hog present through all rounds scales all
+    # layers alike
+    assert head > max(blocks) and embedding < min(blocks)
     assert profile.param_bytes[0] > 4 * profile.param_bytes[1]
     rows = {(p, r["method"]): r for p in (2, 4) for r in profile.compare_partitions(p)}
+    for (p, method), row in rows.items():  # each row is its partition of these measured costs
+        assert row["stage_ms"] == pytest.approx([sum(total[a:b]) * 1e3 for a, b in zip(row["parts"], row["parts"][1:])],
+                                                abs=0.01)
+        # timing-claim: construction — the slowest stage is one with the row's own largest stage cost
+        assert row["stage_ms"][row["slowest_stage"]] == max(row["stage_ms"]), row
+        # timing-claim: construction — the bottleneck is the row's own largest stage cost
+        assert row["bottleneck_ms"] == max(row["stage_ms"])
     two = rows[2, "parameters"]
-    assert two["parts"] == [0, 4, 8] and two["slowest_stage"] == 1  # embedding + 3 blocks | 3 blocks + head
-    assert rows[2, "balanced"]["bottleneck_ms"] < 0.85 * two["bottleneck_ms"]
+    assert two["parts"] == [0, 4, 8]  # embedding + 3 blocks | 3 blocks + head
+    # timing-claim: margin — stage 1 holds the same 3 blocks as stage 0 plus the head where stage 0 has
+    # the embedding: it is the slower one whenever head > embedding, measured 37-54x
+    assert two["slowest_stage"] == 1
+    # timing-claim: construction — balanced is the exact min-max partition of these costs: no contiguous
+    # split of them (parameters' included) has a lower bottleneck
+    best = min(max(sum(total[:cut]), sum(total[cut:])) for cut in range(1, len(total)))
+    assert rows[2, "balanced"]["bottleneck_ms"] == pytest.approx(best * 1e3, abs=0.01)
+    # timing-claim: margin — moving the 4th block to stage 0 lowers stage 1 whenever the head costs more
+    # than the embedding plus a block: measured 3.6-3.8x; a uniform slowdown keeps that ratio
+    assert rows[2, "balanced"]["bottleneck_ms"] < two["bottleneck_ms"]
+    print(f"2 stages: balanced / parameters bottleneck = "
+          f"{rows[2, 'balanced']['bottleneck_ms'] / two['bottleneck_ms']:.2f} on this profile")
     four = rows[4, "parameters"]
-    assert four["slowest_stage"] == 3  # the head + loss stage
+    # Which of the 4 parameter-balanced stages is slowest (the head alone, or 3 blocks) depends on
+    # the measured head / block ratio (about 4 against 3 here): printed, not asserted.
+    print(f"4 stages, parameters {four['parts']}: stage ms {four['stage_ms']}, slowest stage {four['slowest_stage']}")
+    # timing-claim: construction — the exact min-max partition is never worse than another split
     assert rows[4, "balanced"]["bottleneck_ms"] <= four["bottleneck_ms"]

@@ -26,8 +26,9 @@ def _spec(steps: int) -> str:
     return f"JobSpec(**{SMALL_GPT!r}, num_stages=2, micro_batches=4, steps={steps})"
 
 #: Seconds the interrupted cell runs before nbclient presses ■ (interrupts the kernel): enough for a
-#: warm job (the first cell compiled DeepSpeed's op if it had to) to train some steps.
-INTERRUPT_AFTER = 12
+#: warm job (the first cell compiled DeepSpeed's op if it had to) to start and train some steps —
+#: a few seconds on a quiet machine, so 45 s leaves room for a start-up 3x slower on shared cores.
+INTERRUPT_AFTER = 45
 
 
 def _notebook(runs_root: Path):
@@ -83,7 +84,9 @@ def test_a_notebook_shows_phases_and_stop_says_one_line(runs_root):
     ran = _seconds(timing["shell.execute_reply"]) - _seconds(timing["iopub.execute_input"])
     print(f"interrupted cell: {done} steps done, ended {ran - INTERRUPT_AFTER:.1f} s after ■")
     assert done >= 1, stop_line
-    assert ran - INTERRUPT_AFTER < 10, ran
+    # timing-claim: margin — the stop ends two ranks and torchrun: a second or two on a quiet machine;
+    # 60 s holds 3x slower and oversubscribed, while a job left training (100,000 steps) would not end
+    assert ran - INTERRUPT_AFTER < 60, ran
 
 
 def _seconds(stamp: str) -> float:

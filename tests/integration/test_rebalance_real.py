@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from statistics import median
 
 import pytest
 
@@ -53,6 +54,8 @@ def _check_moves(run, stages: int) -> None:
     for step in moves:
         events = run.timeline.select(step=step, kinds=("repartition",))
         assert sorted(e.rank for e in events) == list(range(stages))  # every rank, real durations
+        # timing-claim: construction — each rank really builds the new engine (a positive duration at any
+        # speed); no two measurements are compared
         assert all(e.duration > 0 for e in events)
     assert job_processes(run.path) == []
 
@@ -98,10 +101,19 @@ def test_frozen_layers_stay_frozen_across_moves(runs_root, mode):
         unchanged = math.isclose(final[layer][0], begun, rel_tol=0, abs_tol=1e-9)
         assert unchanged == (layer < 3), (layer, final[layer][0], begun)
     # Steps 2-3: stage 0 holds layers 0-1, both frozen: its BackwardPass instructions return
-    # at once (microseconds), while stage 1's compute.
-    idle, busy = (sum(e.duration for e in run.timeline.select(step=3, stage=s, kinds=("backward",)))
-                  for s in (0, 1))
-    assert idle < 0.02 * busy, (idle, busy)
+    # at once (microseconds), while stage 1's compute. Compared as the fastest of stage 0's eight
+    # against the median of stage 1's: a stall of a shared core can lengthen any one instruction,
+    # but raises the fastest of eight only if it hits all eight.
+    backward = {s: [e.duration for e in run.timeline.select(stage=s, kinds=("backward",)) if e.step in (2, 3)]
+                for s in (0, 1)}
+    assert len(backward[0]) == len(backward[1]) == 8
+    idle, busy = min(backward[0]), median(backward[1])
+    print(f"steps 2-3 backward: stage 0 (frozen) fastest {idle * 1e6:.0f} us, stage 1 median {busy * 1e6:.0f} us "
+          f"(ratio {idle / busy:.4f} on this run)")
+    # timing-claim: margin — no work against a backward through 5 blocks and the head: 6-7 us against
+    # 8-9 ms (ratio < 0.001) on shared cores, so 2 % is >20x headroom; every rank 3x slower scales
+    # both sides, and a stall must hit all eight of stage 0's backwards to raise their minimum
+    assert idle < 0.02 * busy, backward
 
 
 @pytest.mark.parametrize("kind, said", [
@@ -160,7 +172,13 @@ def test_the_policy_moves_a_freezing_job_and_records_why(runs_root):
     moved = [d for d in decisions if d.migrate]
     assert moved, [d.reason for d in decisions]
     first = moved[0]
-    assert first.candidate[1] > 6 and first.predicted_step_seconds < first.measured_step_seconds
+    # timing-claim: margin — frozen layers' measured backward is 0 (asserted below: no backward runs), so
+    # stage 0 (6 frozen layers) costs about a third of stage 1 (6 trained layers, forward + backward):
+    # the min-max boundary moves right unless that 3x flips, which slowing every rank alike does not do
+    assert first.candidate[1] > 6
+    # timing-claim: construction — the policy migrates only when its predicted step is at least min_gain
+    # (5 %) below the measured one (utils.planning.rebalance.look): predicted < measured by its rule
+    assert first.predicted_step_seconds < first.measured_step_seconds
     assert run.partition_history[1] == (first.step, list(first.candidate))
     assert run.partition_history[0] == (0, [0, 6, 12])
     assert run.layer_costs and all(len(layers) == 12 for layers in run.layer_costs.values())

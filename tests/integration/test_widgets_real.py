@@ -24,8 +24,14 @@ def test_run_button_runs_a_real_job_and_shows_it(runs_root):
     panel = small_panel(steps=2)
     started = time.monotonic()
     panel.run_button.click()
-    assert time.monotonic() - started < 5, "the click must not wait for the job"
+    elapsed = time.monotonic() - started
+    print(f"the click returned after {elapsed:.2f} s")
+    # The click only starts the job: right after it returns the job is still running (the
+    # 2-step job's start-up alone takes seconds), which a click that waited for it could not show.
     assert panel.running and panel.state == "running" and panel.run_button.disabled
+    # timing-claim: margin — starting the processes takes well under a second on a quiet machine; 30 s
+    # holds 3x slower and oversubscribed (the state above is what proves the click did not wait)
+    assert elapsed < 30, "the click must not wait for the job"
     assert panel.wait(300) == "succeeded", panel.error
     path = panel.job.path
     assert path.parent == runs_root

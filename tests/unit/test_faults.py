@@ -20,6 +20,7 @@ import torch
 from utils import Fault, JobSpec
 from utils.jobs.rundir import RunDir
 from utils.jobs.stacks import main_stack, parse_stacks, request_stacks
+import utils.runtime.faults as faults_module
 from utils.runtime.faults import FaultInjector, fault_injector
 
 SMALL = {"model_options": {"blocks": 2}, "num_stages": 2}  # 4 layers
@@ -78,8 +79,8 @@ ForwardPass, BackwardPass, SendActivation, SendGrad, OptimizerStep = map(
 
 
 class Engine:
-    def __init__(self, seconds=0.02):
-        self.sent, self.seconds = [], seconds
+    def __init__(self, seconds=0.02, clock=time):
+        self.sent, self.seconds, self.clock = [], seconds, clock
         self.pipe_buffers = {"outputs": [torch.zeros(2, 4, 3)], "inputs": [None]}
         x = torch.zeros(2, 4, 3, requires_grad=True)
         x.grad = torch.ones(2, 4, 3)
@@ -89,7 +90,7 @@ class Engine:
                                  OptimizerStep: Engine.compute}
 
     def compute(self, **kwargs):
-        time.sleep(self.seconds)
+        self.clock.sleep(self.seconds)
 
     def send_act(self, buffer_id):
         self.sent.append(self.pipe_buffers["outputs"][buffer_id])
@@ -100,19 +101,38 @@ class Engine:
 
     def run(self, injector, step, cls, kind, micro_batch=0, **kwargs):
         injector.before(step, kind, micro_batch)
-        started = time.perf_counter()
+        started = self.clock.perf_counter()
         self._INSTRUCTION_MAP[cls](self, **kwargs)
-        return time.perf_counter() - started
+        return self.clock.perf_counter() - started
 
 
-def test_a_slow_fault_stretches_forward_and_backward_from_its_step():
-    engine = Engine()
+class VirtualClock:
+    """`time.perf_counter` and `time.sleep` on a clock that only sleeping advances: the
+    durations a test reads are the ones it asked for, on any machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_slow_fault_stretches_forward_and_backward_from_its_step(monkeypatch):
+    # The injector's clock and sleep are a virtual clock (so are the stand-in engine's): each
+    # instruction "takes" exactly the 20 ms it sleeps, and the fault adds (factor - 1) times
+    # what it timed. Real sleeps were asserted to 20 ms here, which a loaded machine stretches.
+    clock = VirtualClock()
+    monkeypatch.setattr(faults_module, "time", clock)
+    engine = Engine(clock=clock)
     injector = FaultInjector(Fault(kind="slow", step=1, factor=3.0), 0, "cpu")
     injector.install(engine)
-    assert engine.run(injector, 0, ForwardPass, "forward") < 0.045  # before its step: as fast as ever
-    assert engine.run(injector, 1, ForwardPass, "forward") == pytest.approx(0.06, abs=0.02)
-    assert engine.run(injector, 2, BackwardPass, "backward") == pytest.approx(0.06, abs=0.02)
-    assert engine.run(injector, 2, OptimizerStep, "optimizer_step", None) < 0.045
+    assert engine.run(injector, 0, ForwardPass, "forward") == pytest.approx(0.02)  # before its step: as ever
+    assert engine.run(injector, 1, ForwardPass, "forward") == pytest.approx(0.06)
+    assert engine.run(injector, 2, BackwardPass, "backward") == pytest.approx(0.06)
+    assert engine.run(injector, 2, OptimizerStep, "optimizer_step", None) == pytest.approx(0.02)
 
 
 @pytest.mark.parametrize("what, shape, dtype", [("shape", (2, 5, 3), torch.float32), ("dtype", (2, 4, 3), torch.float64)])
@@ -199,6 +219,7 @@ def test_stacks_are_dumped_on_the_signal_and_collected(tmp_path):
         process.send_signal(signal.SIGSTOP)
         started = time.time()
         assert request_stacks(run_dir, {3: process}, wait=0.5) == {3: ""}
+        # timing-claim: margin — the request sleeps its wait (0.5 s); what a 3x slower, oversubscribed machine adds is a few stat() calls and sleeps of 50 ms (well under 0.5 s), so 1.5 s of slack holds, while the default wait (2 s) would fail it
         assert time.time() - started < 2
     finally:
         child.kill()

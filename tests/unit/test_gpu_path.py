@@ -89,6 +89,7 @@ def test_a_rank_takes_deepspeeds_accelerator_from_the_plan_not_the_environment()
 def test_the_gpu_check_bounds_every_job_and_the_whole_run(one_gpu):
     check = _benchmark("gpu_check")
     spec = check.job_spec("cuda", num_stages=1)
+    # timing-claim: construction — a configured timeout constant, nothing measured
     assert spec.timeout <= 300 and spec.timeout == check.JOB_TIMEOUT_S
     environment = LocalTorchrun().environment(plan_job(JobSpec(num_stages=1, device="cuda", partition="uniform",
                                                                timeout=spec.timeout)))

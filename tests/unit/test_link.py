@@ -79,6 +79,7 @@ def test_fit_recovers_latency_and_bandwidth():
 def test_fit_clamps_a_negative_latency_and_rejects_a_flat_link():
     sizes = [1e3, 1e6, 1e7]
     fit = fit_alpha_beta(sizes, [n / 1e9 - 1e-9 * (i == 0) * 0.5 for i, n in enumerate(sizes)])
+    # timing-claim: construction — a fit of times the test wrote down, no clock read
     assert fit.latency_s == 0.0 and 0.9e9 < fit.bandwidth < 1.1e9
     with pytest.raises(ValueError, match="does not grow"):
         fit_alpha_beta(sizes, [1e-3, 1e-3 / 2, 1e-3 / 4])

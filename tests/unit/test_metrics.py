@@ -269,6 +269,7 @@ def test_theory_hand_values():
     assert theory.makespan_gpipe([1, 1], [2, 2], 4) == pytest.approx(15.0)
     assert theory.bubble_ratio_estimate([3, 3, 3, 3], 8) == pytest.approx(3 / 11)
     # seed case: 95/78/76/112 ms, imbalance raises the bubble above the balanced value
+    # timing-claim: simulated — formulas on given stage costs
     assert theory.bubble_ratio_estimate([95, 78, 76, 112], 8) > theory.bubble_ratio_1f1b(4, 8)
     assert theory.bubble_ratio_1f1b(4.0, 8) == pytest.approx(3 / 11)  # integral floats pass
 
@@ -277,8 +278,10 @@ def test_theory_estimate_bounds_simulated_1f1b():
     costs_f, costs_b = [1.0, 1.5, 0.8], [2.0, 3.0, 1.6]
     m = timeline(schedule_events(3, 6, f=costs_f, b=costs_b), 3, 6).metrics()
     t = [a + b for a, b in zip(costs_f, costs_b)]
+    # timing-claim: simulated — crafted events (schedule_events) against the formula on the same given costs
     assert m.makespan <= theory.makespan_estimate(t, 6) + 1e-9
-    assert m.makespan >= 6 * max(t)  # the slowest stage must do all its work
+    # timing-claim: simulated — crafted events of given costs: the slowest stage must do all its work
+    assert m.makespan >= 6 * max(t)
 
 
 @pytest.mark.parametrize("call, error, text", [

@@ -51,6 +51,7 @@ def test_an_imbalance_between_stages_carries_over():
         timeline = simulate(build_schedule("1f1b", P, m), [x * (O + n) for x in f], [x * (O + n) for x in b])
         return max(e.end for e in timeline.events)
 
+    # timing-claim: simulated — the policy's choice against the simulator on the costs the test gave it
     assert decision.chosen == min((1, 2, 4, 8, 16), key=lambda m: (makespan(m), m))
 
 

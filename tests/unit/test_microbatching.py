@@ -49,7 +49,9 @@ def test_the_three_methods_pad_differently():
                                 token_budget=128)
     assert naive.groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and naive.padded == (64, 64)
     assert ordered.padded == (7, 64) and naive.padded_tokens() == 512 and ordered.padded_tokens() == 284
+    # timing-claim: construction — token counts of plans of given lengths
     assert budget.padded_tokens() <= ordered.padded_tokens()
+    # timing-claim: simulated — predicted step of given lengths and a given cost model
     assert budget.predicted_step(COST, 2) <= ordered.predicted_step(COST, 2)
 
 

@@ -53,6 +53,7 @@ def endless(monkeypatch):
 def _wait_until(predicate, seconds=10.0):
     deadline = time.monotonic() + seconds
     while not predicate():
+        # timing-claim: margin — a guard against waiting forever on an in-process fake job (it reacts in ms); 10 s is over 100x that even 3x slower and oversubscribed
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
 

@@ -88,6 +88,7 @@ def test_candidate_is_the_exact_min_max_partition():
         best = min(bottleneck(total, q) for q in every)
         d = look(trace(fwd, bwd, 3), every[0], remaining=10**6, migration=0.0)
         assert bottleneck(total, list(d.candidate)) == pytest.approx(best, rel=1e-12)
+        # timing-claim: construction — the policy's candidate against a brute-force min-max of random given costs
         assert max(d.candidate_stage_costs) == pytest.approx(best, rel=1e-12)
 
 
@@ -143,6 +144,7 @@ def test_progressive_freezing_moves_layers_to_the_first_stage(schedule):
     # overlaps to 108, GPipe's separate forward and backward phases give 68 + 68 = 136
     expected = {"1f1b": 108 / 150, "gpipe": 136 / 150}[schedule]
     assert d.predicted_step_seconds == pytest.approx(0.3 * expected)
+    # timing-claim: simulated — the policy on a trace of given costs (frozen stage 0)
     assert max(d.candidate_stage_costs) < max(d.stage_costs)
     assert d.saving_per_step == pytest.approx(d.measured_step_seconds - d.predicted_step_seconds)
 

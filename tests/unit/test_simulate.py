@@ -56,6 +56,7 @@ def test_zb_h1_bubble_below_1f1b():
             for f, i, w in [(1.0, 1.0, 1.0), (1.0, 1.2, 0.8), (0.5, 1.0, 1.0)]:
                 zb = simulate(build_schedule("zb-h1", p, m), f, i, weight=w)
                 one = simulate(build_schedule("1f1b", p, m), f, i, weight=w)  # B = I + W
+                # timing-claim: simulated — the simulator on given F, I, W costs
                 assert bubble(zb) < bubble(one) - 1e-9, (p, m, f, i, w)
     # ZB-H1 paper, equal F, B(I), W: bubble time (p - 1)(F + I - W) instead of (p - 1)(F + I + W)
     zb = simulate(build_schedule("zb-h1", 4, 8), 1.0, 1.0, weight=1.0)
@@ -219,6 +220,7 @@ def test_search_rows_agree_with_simulation_and_budget():
         assert r.feasible == (r.max_peak_activation <= 800)
     chosen = fastest_within_memory(rows)
     assert chosen.feasible
+    # timing-claim: simulated — the search's rows are simulator output on given costs
     assert chosen.step_time == min(r.step_time for r in rows if r.feasible)
     with pytest.raises(ValueError, match="no configuration fits"):
         fastest_within_memory([replace(r, feasible=False) for r in rows])

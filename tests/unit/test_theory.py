@@ -36,6 +36,7 @@ def test_interleaved_formula_holds_from_m_equal_p_and_megatron_form_fails_below(
                     assert bubble == pytest.approx(megatron, abs=1e-9)
                     checked_above += 1
                 else:  # one round of m < p: every return to rank 0 waits p - m slots
+                    # timing-claim: simulated — the simulator against the formula, on given costs
                     assert bubble > megatron + 1e-6
                     assert bubble == pytest.approx(((p - 1) + (v - 1) * (p - m)) * 3.0 / v, abs=1e-9)
                     checked_below += 1
@@ -76,6 +77,7 @@ def test_zb_h1_general_formula_matches_the_simulator_for_m_at_least_p():
                     assert bubble == pytest.approx(short, abs=1e-9)
                     short_form_right += 1
                 elif p > 1:
+                    # timing-claim: simulated — the simulator against the short formula, on given costs
                     assert bubble > short + 1e-9  # W > min(F, I): the short form is too optimistic
                     short_form_wrong += 1
     assert short_form_right > 50 and short_form_wrong > 200
@@ -94,6 +96,7 @@ def test_zb_h1_formula_refuses_fewer_micro_batches_than_stages():
     # and rightly: below m = p the simulated bubble exceeds the formula's value
     for p in range(2, 7):
         for m in range(1, p):
+            # timing-claim: simulated — the simulator on given unit costs against the formula
             assert _zb_bubble(p, m, 1.0, 1.0, 1.0) > (p - 1) * 1.0 + 1e-9
     with pytest.raises(ValueError, match="non-negative"):
         theory.bubble_time_zb_h1(2, 2, 1.0, -1.0, 1.0)

@@ -64,7 +64,9 @@ def test_balanced_partitions_beat_uniform_on_uneven_layers():
     rows = tune(model, global_batch=4, stages=(2,), schedules=("1f1b",), micro_batch_counts=(4,))
     by = {r.partition: r for r in rows}
     costs = [f + b for f, b in zip(model.forward(1), model.backward(1))]
+    # timing-claim: construction — partitions of a fitted model of given layer costs
     assert bottleneck(costs, list(by["balanced"].boundaries)) <= bottleneck(costs, list(by["uniform"].boundaries))
+    # timing-claim: simulated — the tuner's predictions from given layer costs
     assert rows[0].partition == "balanced" and rows[0].step_time < by["uniform"].step_time
     # parameters and uniform coincide here (equal parameters): evaluated once
     assert len(rows) == len({r.boundaries for r in rows})

@@ -41,8 +41,10 @@ from utils.jobs.spec import JobSpec
 from utils.jobs.stacks import main_stack, parse_stacks, request_stacks, stack_summary
 
 POLL_SECONDS = 0.2
-LAUNCHER_GRACE = 10.0
-"""Seconds the launcher gets to stop the other ranks and report exit codes after a failure."""
+LAUNCHER_GRACE = 30.0
+"""Seconds the launcher gets to stop the other ranks and report exit codes after a failure
+(it usually takes 1-2 s; the wait ends when it exits). On a busy machine its summary came
+after 10 s: elastic's failure logging imports ``torch._dynamo`` in the agent."""
 PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 # Every job this process started and has not seen end: stopped when the process exits (a
