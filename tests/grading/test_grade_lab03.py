@@ -60,6 +60,7 @@ def test_grades_csv_has_one_row_per_student_with_task_points(graded):
         expected = EXPECTED[row["student"]]
         assert {t: float(row[t]) for t in FULL} == expected
         assert float(row["total"]) == sum(expected.values()) and float(row["max"]) == 10
+        # timing-claim: construction — a duration read off a monotonic clock is never negative, however slow the machine
         assert float(row["seconds"]) >= 0
     by_student = {r["student"]: r for r in rows}
     assert "timeouts: 2" in by_student["looping"]["notes"]
@@ -78,7 +79,10 @@ def test_a_loop_is_cut_by_the_timeout_and_the_rest_is_still_graded(graded):
     statuses = {c.id: c.status for c in looping.checks}
     assert statuses["speedup_public"] == statuses["speedup_hidden"] == "timeout"
     assert all(s == "passed" for cid, s in statuses.items() if not cid.startswith("speedup"))
-    assert looping.seconds < 120
+    # Cut by the per-cell timeout, and only those two cells: counted from what the grader recorded, not
+    # timed (grading one lab 3 submission took 17-90 s on a loaded 2-core machine, so a bound on
+    # `looping.seconds` measured the machine; a loop not cut would hold `grade_prepared` to its 900 s).
+    assert looping.error is None and sum(c.status == "timeout" for c in looping.checks) == 2
     assert "超时" in looping.checks[-1].message
 
 

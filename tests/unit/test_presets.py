@@ -53,3 +53,17 @@ print(json.dumps(sorted(m for m in ("torch", "deepspeed") if m in sys.modules)))
                           env={"PATH": "/usr/bin:/bin", "WORKBOOK_RUNS": str(tmp_path)}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_layer_flops_follow_the_structure_not_the_clock():
+    """Counted, not timed: a GPT's embedding (a lookup) does no matrix multiply, every block the
+    same, the head + loss more than a block; a backward costs about twice its forward."""
+    from utils.workloads.models import get_model
+
+    model = get_model("gpt", {"blocks": 3})  # the default width and vocabulary: a head wider than a block
+    forward = model.layer_flops(1)
+    both = model.layer_flops(1, backward=True)
+    assert len(forward) == len(both) == model.num_layers and forward[0] == both[0] == 0
+    assert forward[1] == forward[2] == forward[3] > 0 and forward[-1] > forward[1]
+    assert all(2.5 * f <= b <= 3.5 * f for f, b in zip(forward[1:], both[1:]))
+    assert model.layer_flops(2) == [2 * f for f in forward]  # linear in the micro-batch size

@@ -194,22 +194,28 @@ class Model:
         """Parameters per layer, counted on the meta device (nothing is allocated)."""
         return [sum(p.numel() for p in layer.parameters()) for layer in self.meta_layers()]
 
-    def forward_flops(self, micro_batch_size: int) -> list[int]:
-        """Floating-point operations of each layer's forward on one micro-batch (the last layer's
-        with the loss), as torch's ``FlopCounterMode`` counts them on the meta device: set by
-        the model's structure (matrix multiplies and the like), not measured, the same on any
-        machine. Element-wise operations are not counted."""
+    def layer_flops(self, micro_batch_size: int, *, backward: bool = False) -> list[int]:
+        """Floating-point operations of each layer on one micro-batch (the last layer's with the
+        loss): its forward, or forward + backward with `backward`, as torch's ``FlopCounterMode``
+        counts them while the layers run once on the CPU. Set by the model's structure (matrix
+        multiplies, attention; element-wise operations are not counted), not measured: the same
+        on any machine, however busy."""
         from torch.utils.flop_counter import FlopCounterMode
 
         x, labels = self.make_batch(torch.Generator().manual_seed(0), micro_batch_size)
-        x, labels = x.to("meta"), labels.to("meta")
         flops = []
-        for index, layer in enumerate(self.meta_layers()):
+        for index, layer in enumerate(self.build_sequential(seed=0)):
+            inputs = x.detach().requires_grad_(backward and x.is_floating_point())
             with FlopCounterMode(display=False) as counter:
-                x = layer(x)
-                if index == self.num_layers - 1:
-                    self.loss_fn(x, labels)
+                y = layer(inputs)
+                if backward and index == self.num_layers - 1:
+                    self.loss_fn(y, labels).backward()
+                elif backward:
+                    y.backward(torch.ones_like(y))
+                elif index == self.num_layers - 1:
+                    self.loss_fn(y, labels)
             flops.append(int(counter.get_total_flops()))
+            x = y.detach()
         return flops
 
     def meta_layers(self) -> list[nn.Module]:
