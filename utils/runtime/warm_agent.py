@@ -21,9 +21,10 @@ may initialise CUDA in a process that forks ranks, so there torchrun's own comma
 ``command.txt`` is always torchrun's command: it starts the same job, only slower.
 
 The warm path relies on private APIs of multiprocessing and torch's elastic launcher, listed
-in `utils.system.private_apis`. The launcher checks them before each CPU job and runs
-torchrun's command when one is gone (``WORKBOOK_WARM_START=0`` does so on request). Should
-setting up still fail here, before any rank exists (a changed signature), `fall_back` replaces
+in `utils.system.private_apis`. The launcher checks the standard-library ones before each
+CPU job (torch's would import torch in the notebook) and runs torchrun's command when one is
+gone (``WORKBOOK_WARM_START=0`` does so on request). torch's are met here: should setting up
+fail, before any rank exists (a torch name gone, a changed signature), `fall_back` replaces
 this process with torchrun's command, after a note in the launcher log.
 """
 
