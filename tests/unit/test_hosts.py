@@ -4,8 +4,12 @@ back with torchrun's own argument parser."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import time
 
+import psutil
 import pytest
 from torch.distributed.run import get_args_parser
 
@@ -124,3 +128,31 @@ def test_torchrun_agents_start_only_on_this_machine():
     TorchrunNodes(start_nodes=[0]).check(plan)  # node 1's command is run there by hand
     with pytest.raises(ValueError, match=r"start_nodes \[5\]"):
         TorchrunNodes(start_nodes=[5]).check(plan)
+
+
+def test_a_killed_node_keeps_its_signal_as_the_agents_exit_code():
+    # `node_trouble` tells a lost node from a clean exit by the agent's exit code: the agent
+    # must be reaped by its own Popen (a psutil reap leaves Popen to record 0). A stand-in
+    # agent with a child "rank"; repeated, since which side reaped first was a race.
+    for _ in range(3):
+        launcher = TorchrunNodes()
+        agent = subprocess.Popen(["bash", "-c", "sleep 60 & wait"])
+        launcher.agents[0] = agent
+        time.sleep(0.2)  # the child is started
+        rank = psutil.Process(agent.pid).children()[0]
+        launcher.kill_node(0)
+        assert agent.returncode == -signal.SIGKILL
+        assert _ends_within(rank, 10)
+
+
+def _ends_within(process: psutil.Process, seconds: float) -> bool:
+    """Whether `process` is gone or a zombie (dead, its parent not yet reaping) in time."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False

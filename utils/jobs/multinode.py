@@ -25,6 +25,8 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import psutil
+
 from utils.jobs.hosts import Node, is_local_host
 from utils.jobs.launchers import (RANK_PROGRAM, SHOWN_ENVIRONMENT, TORCHRUN_MODULE, ExitReport, Launcher,
                                   LocalTorchrun, read_log, torchrun_report)
@@ -124,9 +126,19 @@ class TorchrunNodes(LocalTorchrun):
         """Lose node `index` at once, as a power cut would: SIGKILL its agent and its ranks.
         Returns once the agent is reaped, so that the failure the other nodes' ranks report
         next is explained by a lost node (`node_trouble` reads the agent's exit status), not
-        by a rank that vanished."""
-        end_process_tree(self.agents[index].pid, grace=0)
-        self.agents[index].wait(timeout=30)
+        by a rank that vanished.
+
+        The agent is killed and reaped through its Popen, its ranks (listed first) through
+        psutil: had psutil reaped the agent, Popen would find no child to wait for and record
+        exit code 0 (CPython's `_try_wait`), and the loss would read as a clean exit."""
+        agent = self.agents[index]
+        try:
+            ranks = psutil.Process(agent.pid).children(recursive=True)
+        except psutil.Error:
+            ranks = []
+        agent.kill()
+        agent.wait(timeout=30)
+        end_process_tree(ranks, grace=0)
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
         reports = [torchrun_report(read_log(run_dir.launcher_log(i))) for i in self.agents]

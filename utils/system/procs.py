@@ -22,6 +22,9 @@ def end_process_tree(root: int | Iterable[psutil.Process], *, grace: float = 3.0
     earlier (say a kernel's children, listed before the kernel shut down). Each gets
     SIGTERM, `grace` seconds to exit, then SIGKILL (at once, without SIGTERM, when `grace`
     is 0); then this waits up to `reap` seconds (default: `grace`) for the killed ones.
+    That wait reaps this process's own children: for one whose exit code a `Popen` will be
+    asked for, kill and wait through the Popen instead (it would record 0 for a child
+    reaped elsewhere).
     """
     if isinstance(root, int):
         try:
