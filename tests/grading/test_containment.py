@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.grading.submissions import ROOT, TEST_TIMEOUT, build
+from tests.grading.submissions import ROOT, TEST_TIMEOUT, build, not_passed
 from utils.grading.batch import grade_batch
 from utils.grading.grade import Options
 from utils.grading.notebook_source import LabSource, find_lab
@@ -100,7 +100,7 @@ def test_a_double_forked_daemon_is_ended_with_its_submission(tmp_path):
         results = {r.student: r for r in grade_batch(LAB, folder, tmp_path / "out", workers=2,
                                                      options=unisolated(), echo=lambda text: None)}
         returned = time.monotonic()
-        assert results["daemon"].total == 10, [(c.id, c.status, c.message) for c in results["daemon"].checks]
+        assert results["daemon"].total == 10, not_passed(results["daemon"])
         assert "评分进程异常退出" in (results["kills_grader"].error or "")
         pids = {}
         for kind, (pidfile, _) in files.items():

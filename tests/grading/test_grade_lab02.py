@@ -13,7 +13,8 @@ import csv
 
 import pytest
 
-from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, solution_runs, write_all
+from tests.grading.submissions import (ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, not_passed, solution_runs,
+                                       write_all)
 from utils.grading import Options, grade_batch
 from utils.grading.grade import record_reference_runs
 from utils.grading.notebook_source import LabSource, find_lab
@@ -84,7 +85,7 @@ def test_the_solution_earns_full_marks_with_the_recorded_job(recorded):
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_score_of_each_kind_of_submission(graded, kind):
     results, _ = graded
-    assert results[kind].per_task(LAB) == EXPECTED[kind], [(c.id, c.status, c.message) for c in results[kind].checks]
+    assert results[kind].per_task(LAB) == EXPECTED[kind], not_passed(results[kind])
 
 
 def test_submissions_reuse_the_recorded_run(recorded, graded):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.grading.submissions import ROOT, assert_nothing_hidden_leaks, grade_prepared
+from tests.grading.submissions import ROOT, assert_nothing_hidden_leaks, grade_prepared, not_passed
 from utils.grading.notebook_source import LabSource, find_lab
 
 LAB = LabSource.load(find_lab(ROOT, "lab05"))
@@ -52,7 +52,7 @@ def test_the_lab_has_ten_points_in_four_tasks():
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_score_of_each_kind_of_submission(graded, kind):
     results, _, _ = graded
-    assert results[kind].per_task(LAB) == EXPECTED[kind], [(c.id, c.status, c.message) for c in results[kind].checks]
+    assert results[kind].per_task(LAB) == EXPECTED[kind], not_passed(results[kind])
 
 
 def test_grades_csv_has_one_row_per_student_with_task_points(graded):

@@ -16,7 +16,8 @@ import csv
 import pytest
 
 from tests.grading import submissions
-from tests.grading.submissions import ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, build, validate_and_grade
+from tests.grading.submissions import (ROOT, TEST_TIMEOUT, assert_nothing_hidden_leaks, build, not_passed,
+                                       validate_and_grade)
 from utils.grading.notebook_source import LabSource, find_lab
 from utils.jobs.runs import list_runs
 
@@ -129,7 +130,7 @@ def test_the_lab_has_ten_points_in_four_tasks():
 
 def test_the_solution_earns_full_marks_and_the_student_copy_nothing(graded):
     results, _, _ = graded
-    assert results["correct"].per_task(LAB) == FULL, [(c.id, c.message) for c in results["correct"].checks]
+    assert results["correct"].per_task(LAB) == FULL, not_passed(results["correct"])
     assert not results["correct"].error
     assert results["correct"].review == []
     assert results["empty"].per_task(LAB) == NONE
@@ -139,7 +140,7 @@ def test_the_solution_earns_full_marks_and_the_student_copy_nothing(graded):
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_score_of_each_kind_of_submission(graded, kind):
     results, _, _ = graded
-    assert results[kind].per_task(LAB) == EXPECTED[kind], [(c.id, c.status, c.message) for c in results[kind].checks]
+    assert results[kind].per_task(LAB) == EXPECTED[kind], not_passed(results[kind])
 
 
 def test_the_four_real_runs_are_recorded_once(graded):

@@ -22,8 +22,8 @@ import csv
 import pytest
 
 from tests.grading import submissions
-from tests.grading.submissions import (ROOT, assert_nothing_hidden_leaks, assert_solution_full_and_copy_empty,
-                                        build, validate_and_grade)
+from tests.grading.submissions import (ROOT, assert_nothing_hidden_leaks, assert_solution_full_and_copy_empty, build,
+                                       not_passed, validate_and_grade)
 from utils.grading.notebook_source import LabSource, find_lab
 from utils.jobs.runs import list_runs
 
@@ -97,7 +97,7 @@ def test_the_solution_earns_full_marks_and_the_student_copy_nothing(graded):
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_score_of_each_wrong_submission(graded, kind):
     results, _, _ = graded
-    assert results[kind].per_task(LAB) == EXPECTED[kind], [(c.id, c.status, c.message) for c in results[kind].checks]
+    assert results[kind].per_task(LAB) == EXPECTED[kind], not_passed(results[kind])
 
 
 def test_the_real_runs_are_recorded_once_and_reused(graded):
