@@ -28,6 +28,12 @@ median prediction error 1.3 % (pad-to-max 0.9 %, sorted 1.2 % in-sample, token-b
 on this model the predicted difference (2 %) is within run-to-run noise, and an earlier run
 measured 328 vs 343. With another job sharing the two cores the errors grow to 20-40 %: the
 fit then measures the other job too. About 3 minutes in all.
+
+The multiples above are against pad-to-step-max and sorted equal-count batches on CPU, where time
+is nearly proportional to the tokens computed, with synthetic log-normal lengths and 2 stages.
+They are not comparable to DynaPipe's published multiples (up to 3.25x GPT, 4.39x T5), which are
+against packing (samples concatenated into fixed-length rows: almost no padding) on GPU clusters,
+and which also come from re-scheduling the pipeline per iteration (chapter 19, 19.2).
 """
 
 from __future__ import annotations

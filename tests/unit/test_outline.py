@@ -153,12 +153,16 @@ def test_written_chapters_mark_references_to_unwritten_ones():
                     assert match.group(2) or PLANNED in line, f"unmarked reference in chapter 1: {line[:120]!r}"
 
 
-def _notebook_lines():
-    """(file, line) of every cell line of the chapters and the lab sources."""
+def _book_lines():
+    """(file, line) of every cell line of the chapters and the lab sources, and of every line
+    of the README and docs/ (they send learners to chapters and sections too)."""
     for path in sorted([*(ROOT / "chapters").glob("*.ipynb"), *(ROOT / "solutions").glob("*.ipynb")]):
         for cell in nbformat.read(path, as_version=4).cells:
             for line in cell.source.splitlines():
                 yield path.name, line
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            yield path.name, line
 
 
 def test_every_chapter_reference_in_the_book_resolves():
@@ -170,7 +174,7 @@ def test_every_chapter_reference_in_the_book_resolves():
                          for m in re.finditer(r"(?m)^#+ (\d+\.\d+)\b", cell.source)}
                 for number, (_, path) in chapters.items()}
     wrong = []
-    for name, line in _notebook_lines():
+    for name, line in _book_lines():
         named = [int(n) for m in re.finditer(r"第 ?([\d、–]+) ?章", line) for n in re.findall(r"\d+", m.group(1))]
         missing = [n for n in named if n not in chapters]
         if missing and PLANNED not in line and "†" not in line:

@@ -5,8 +5,10 @@ update, and — what makes freezing pay in a pipeline — no backward runs throu
 prefix at all. DeepSpeed does not know this: a stage always marks the activation it receives
 as requiring a gradient (``_exec_recv_activations``: ``recvd.requires_grad =
 recvd.is_floating_point()``), so a stage whose frozen layers sit behind other frozen layers
-would still compute and send input gradients nobody uses, and a stage whose layers are all
-frozen fails in ``outputs.backward`` (its outputs need no gradient).
+would still compute and send input gradients nobody uses. Only the first stage, whose input
+is data, fails in ``outputs.backward`` when all its layers are frozen (its outputs need no
+gradient); a later all-frozen stage back-propagates to its input and then fails in gradient
+clipping, which indexes the first parameter that has a gradient (see below).
 
 `FrozenPrefix` fixes both on the engine *instance*, the way the tracer does: it wraps four
 instructions of the engine's instruction map. Every rank knows the frozen count and the
