@@ -27,7 +27,8 @@ NOT_PRIVATE_APIS = {
     "_input_needs_grad": "utils.runtime.frozen.FrozenPrefix", "_output_needs_grad": "FrozenPrefix",
     "_last_stage": "FrozenPrefix", "_mark": "utils.runtime.layercost's meter", "_marks": "the same meter",
     "_plan": "utils.planning.schedules.Schedule", "_parse": "utils.grading.notebook_source.LabSource",
-    "_seen": "utils.jobs.configlint._Recording", "_stop_on_interrupt": "utils.jobs.launch.RunningJob",
+    "_seen": "utils.jobs.configlint._Recording", "_mark_whole": "utils.jobs.configlint._Recording",
+    "_stop_on_interrupt": "utils.jobs.launch.RunningJob",
     "_cleared": "utils.grading.execute.BoundedClient", "_bounded": "BoundedClient",
     "_shrunk": "BoundedClient", "_announce": "BoundedClient",
 }

@@ -1,41 +1,65 @@
 """`lint_config`: what DeepSpeed will really do with a config dict, before any process starts.
 
-DeepSpeed 0.19.8 silently ignores a top-level key it does not know (the seed's
-``pipe_parallel_size``, ``"schedule": "1F1B"``) and any unknown key inside ``"pipeline"``;
-only its pydantic-validated sections (``zero_optimization``, ``fp16``, ``bf16`` ...) reject
-unknown keys, with an error that does not say what was meant. The linter reports all of it as
-`Finding`s (key, severity, message, fix).
+Its verdicts are checked against DeepSpeed's own: tests/integration/test_lint_differential.py
+runs every config of a corpus (DeepSpeed's example configs, the workbook's, generated
+mutations) through ``deepspeed.initialize`` of a real `PipelineModule` and one
+``train_batch()`` on gloo ranks, and records whether DeepSpeed rejected it, ran it otherwise
+than written, or ran it as written (tests/data/lint_outcomes.json; docs/config-lint.md has the
+agreement and every disagreement). An ``error`` means DeepSpeed rejects the config in
+``initialize`` or in the first step; a ``warning`` means it runs, but not as written.
 
-The vocabulary is DeepSpeed's own, read at run time: the config is handed to DeepSpeed's
-``DeepSpeedConfig`` wrapped in dicts that record every key DeepSpeed looks up (``get``,
-``[]``, ``in``, ``in keys()``), present or not. A key of the config that DeepSpeed never looked
-up is one it ignores; the keys it did look up are the "did you mean" candidates. So the list
-stays right when DeepSpeed changes, and a key DeepSpeed reads is never reported as unknown.
+Where DeepSpeed can say it, DeepSpeed says it:
+
+- the config is parsed by DeepSpeed's ``DeepSpeedConfig`` with the job's data-parallel size,
+  so the batch arithmetic (floor divisions included) and every check of the parser are its own;
+- the vocabulary is read at run time: the config is handed to the parser wrapped in dicts that
+  record every key it looks up (``get``, ``[]``, ``in``, ``in keys()``) and every section it
+  passes on whole (``items()``, ``copy.copy``). A key DeepSpeed never looked up is one it
+  ignores; the keys it did look up are the "did you mean" candidates;
+- the engines' own checks (`utils.jobs.configrules`): the ``"pipeline"`` value rules are read
+  from `PipelineEngine.__init__`'s assertions and comparisons, and the optimizer and LR
+  scheduler are built with the classes DeepSpeed would pick, so their argument checks are the
+  classes' own.
+
+The rest are rules DeepSpeed's code does not state in one place (``wall_clock_breakdown`` on a
+non-last stage, a derived micro-batch count below the stage count, sections applied only when
+the script calls something), each named in its finding.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import inspect
-import re
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from utils.jobs.configrules import data_parallel_world, engine_findings, pipeline_keys
 from utils.system.dslog import quiet_accelerator_notice
 
 Severity = Literal["error", "warning"]
 
-#: Keys people put in the config that are `PipelineModule` arguments or engine settings.
-NOT_CONFIG_KEYS: dict[str, str] = {
-    "pipe_parallel_size": "the number of stages is PipelineModule(num_stages=...) (JobSpec(num_stages=...))",
-    "pipeline_parallel_size": "the number of stages is PipelineModule(num_stages=...) (JobSpec(num_stages=...))",
-    "num_stages": "the number of stages is PipelineModule(num_stages=...) (JobSpec(num_stages=...))",
-    "schedule": "the schedule is set on the engine, not in the config (JobSpec(schedule='1f1b' | 'gpipe'))",
-    "partition_method": "partitioning is PipelineModule(partition_method=...) (JobSpec(partition=...))",
-    "activation_checkpoint_interval": "it is PipelineModule(activation_checkpoint_interval=...)",
-    "micro_batch_size": "the micro-batch size is the top-level train_micro_batch_size_per_gpu",
+#: Keys people put in the config that are `PipelineModule` arguments or engine settings:
+#: key -> (what the job really does, where the setting belongs).
+NOT_CONFIG_KEYS: dict[str, tuple[str, str]] = {
+    "pipe_parallel_size": ("the job has the stages PipelineModule(num_stages=...) gives it",
+                           "the number of stages is PipelineModule(num_stages=...) (JobSpec(num_stages=...))"),
+    "pipeline_parallel_size": ("the job has the stages PipelineModule(num_stages=...) gives it",
+                               "the number of stages is PipelineModule(num_stages=...) (JobSpec(num_stages=...))"),
+    "num_stages": ("the job has the stages PipelineModule(num_stages=...) gives it",
+                   "the number of stages is PipelineModule(num_stages=...) (JobSpec(num_stages=...))"),
+    "schedule": ("the engine runs DeepSpeed's TrainSchedule (1F1B)",
+                 "the schedule is set on the engine, not in the config (JobSpec(schedule='1f1b' | 'gpipe'))"),
+    "partition_method": ("the layers are split by PipelineModule(partition_method=...) (default 'parameters')",
+                         "partitioning is PipelineModule(partition_method=...) (JobSpec(partition=...))"),
+    "activation_checkpoint_interval": ("activations are checkpointed as the module or pipeline section says",
+                                       "it is PipelineModule(activation_checkpoint_interval=...) or "
+                                       "pipeline.activation_checkpoint_interval"),
+    "micro_batch_size": ("the micro-batch size is train_micro_batch_size_per_gpu",
+                         "the micro-batch size is the top-level train_micro_batch_size_per_gpu"),
+    "micro_batches": ("the micro-batch count is gradient_accumulation_steps",
+                      "the pipeline's micro-batches are the top-level gradient_accumulation_steps"),
 }
 
 
@@ -46,8 +70,9 @@ class Finding:
     key: str
     """Dotted path of the key (``"pipeline.shedule"``), or ``""`` for the config as a whole."""
     severity: Severity
-    """``"error"``: DeepSpeed rejects it, or the job cannot be what the config says;
-    ``"warning"``: DeepSpeed runs but ignores or overrides it."""
+    """``"error"``: DeepSpeed rejects the config, in ``initialize`` or in the first
+    ``train_batch()``; ``"warning"``: DeepSpeed runs it, but not as written (it ignores,
+    overrides or derives otherwise what this key says; the message says what the job does)."""
     message: str
     fix: str
 
@@ -56,14 +81,42 @@ class Finding:
         return f"[{self.severity}] {where}{self.message} Fix: {self.fix}"
 
 
-def lint_config(config: Mapping[str, Any], *, data_parallel: int = 1, num_stages: int = 1) -> list[Finding]:
-    """Every `Finding` for `config` run with `num_stages` pipeline stages and `data_parallel`
-    replicas, errors first."""
+def lint_config(config: Mapping[str, Any], *, data_parallel: int = 1, num_stages: int = 1,
+                device: str | None = None) -> list[Finding]:
+    """Every `Finding` for `config` given to ``deepspeed.initialize`` with a `PipelineModule`
+    of `num_stages` stages and `data_parallel` replicas, errors first. `device` (``"cpu"``,
+    ``"cuda"``): also what that device's accelerator rejects (fp16 on a CPU); None leaves it out."""
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
-    findings = _misplaced(config) + _batch(config, data_parallel) + _zero_and_precision(config, num_stages)
-    findings += _unknown(config, {f.key for f in findings})
-    return sorted(findings, key=lambda f: (f.severity != "error", f.key))
+    for name, value in (("data_parallel", data_parallel), ("num_stages", num_stages)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    findings = _misplaced(config, num_stages)
+    parsed, error = parse(config, data_parallel)
+    if error is not None:
+        findings += _from_parse_error(config, error, data_parallel)
+        if _is_batch_error(error):  # DeepSpeed stops at the batch sizes: list what it would meet next too
+            parsed, _ = parse(_batch_made_consistent(config, data_parallel), data_parallel)
+    if parsed is not None:
+        findings += [Finding(*found) for found in engine_findings(config, parsed, num_stages=num_stages,
+                                                                  device=device, scalar_defaults=scalar_defaults())
+                     if error is None or found[0] not in _BATCH_KEYS]
+    unknown, errors = _unknown(config, {f.key for f in findings})
+    findings += unknown
+    if error is not None:  # every section DeepSpeed's validation rejects, not only the first
+        findings += [f for e in errors if type(e).__name__ == "ValidationError" for f in _from_error(e)]
+        if not any(f.severity == "error" for f in findings):
+            findings += _from_error(error)
+    return sorted(_unique(findings), key=lambda f: (f.severity != "error", f.key))
+
+
+def _unique(findings: list[Finding]) -> list[Finding]:
+    seen, out = set(), []
+    for f in findings:
+        if (f.key, f.message) not in seen:
+            seen.add((f.key, f.message))
+            out.append(f)
+    return out
 
 
 # --- what DeepSpeed reads -----------------------------------------------------------------------
@@ -85,18 +138,21 @@ class _Keys:
 
 
 class _Recording(dict):
-    """A dict that records (into `read`) every key looked up, under its dotted path."""
+    """A dict that records (into `read`) every key looked up, under its dotted path, and (into
+    `defaults`) the default DeepSpeed passes when it gets a top-level key."""
 
-    def __init__(self, data: Mapping, path: str, read: set[str]):
+    def __init__(self, data: Mapping, path: str, read: set[str], defaults: dict | None = None):
         super().__init__({k: _Recording(v, f"{path}{k}.", read) if isinstance(v, Mapping) else v
                           for k, v in data.items()})
-        self._path, self._read = path, read
+        self._path, self._read, self._defaults = path, read, {} if defaults is None else defaults
 
     def _seen(self, key) -> None:
         self._read.add(f"{self._path}{key}")
 
     def get(self, key, default=None):
         self._seen(key)
+        if not self._path and default is not None:
+            self._defaults.setdefault(key, default)
         return super().get(key, default)
 
     def __getitem__(self, key):
@@ -110,6 +166,20 @@ class _Recording(dict):
     def keys(self):
         return _Keys(self)
 
+    def items(self):
+        """A section DeepSpeed iterates (``for k, v in s.items()``, ``copy.copy(s)``) is passed
+        on whole: each key in it, at any depth, counts as read. Not the top level, which
+        DeepSpeedConfig copies before it looks its keys up one by one."""
+        if self._path:
+            self._mark_whole()
+        return super().items()
+
+    def _mark_whole(self) -> None:
+        for key, value in dict.items(self):
+            self._seen(key)
+            if isinstance(value, _Recording):
+                value._mark_whole()
+
 
 #: Sections passed whole to a constructor DeepSpeed does not check: their keys are the
 #: optimizer's or scheduler's arguments, not config keys.
@@ -119,6 +189,32 @@ PASSED_THROUGH = ("optimizer.params", "scheduler.params")
 PROBE = "__workbook_lint_probe__"
 
 
+@functools.cache
+def scalar_defaults() -> dict[str, Any]:
+    """Each top-level key DeepSpeedConfig gets with a default (``get_scalar_param``), and that
+    default: the type DeepSpeed computes with, from its own code."""
+    quiet_accelerator_notice()
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    defaults: dict[str, Any] = {}
+    with data_parallel_world(1):
+        DeepSpeedConfig(_Recording({"train_batch_size": 1}, "", set(), defaults))
+    return defaults
+
+
+def parse(config: Mapping[str, Any], data_parallel: int = 1):
+    """DeepSpeed's own parse of `config` for `data_parallel` replicas: (the `DeepSpeedConfig`,
+    None), or (None, what it raised)."""
+    quiet_accelerator_notice()
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    try:
+        with data_parallel_world(data_parallel):
+            return DeepSpeedConfig(copy.deepcopy(dict(config))), None
+    except Exception as exc:  # noqa: BLE001 - DeepSpeed's verdict, reported as findings
+        return None, exc
+
+
 def _ask(config: dict) -> tuple[set[str], Exception | None]:
     """Hand `config` to DeepSpeed's ``DeepSpeedConfig``; the keys it looked up, what it raised."""
     quiet_accelerator_notice()
@@ -126,7 +222,8 @@ def _ask(config: dict) -> tuple[set[str], Exception | None]:
 
     read: set[str] = set()
     try:
-        DeepSpeedConfig(_Recording(config, "", read))
+        with data_parallel_world(1):
+            DeepSpeedConfig(_Recording(config, "", read))
     except Exception as exc:  # noqa: BLE001 - reported as findings by the caller
         return read, exc
     return read, None
@@ -172,20 +269,6 @@ def deepspeed_reads(config: Mapping[str, Any]) -> tuple[set[str], set[str], list
     return read, validated, errors
 
 
-def pipeline_keys() -> tuple[set[str], set[str]]:
-    """The keys of the ``"pipeline"`` section, from DeepSpeed's code: those its config
-    defaults define (``get_pipeline_config``) or its pipeline engine and module look up,
-    and, among the defaults, those nothing in the pipeline engine or module ever reads."""
-    quiet_accelerator_notice()
-    from deepspeed.runtime.config import get_pipeline_config
-    from deepspeed.runtime.pipe import engine, module
-
-    defaults = set(get_pipeline_config({}))
-    source = inspect.getsource(engine) + inspect.getsource(module)
-    used = set(re.findall(r"pipeline(?:\[|\.get\()\s*['\"](\w+)['\"]", source))
-    return defaults | used, defaults - used
-
-
 def _drop_rejected(trial: dict, error: Exception) -> bool:
     """Remove from `trial` the keys a pydantic section rejected as unknown; False if none."""
     if type(error).__name__ != "ValidationError":
@@ -202,7 +285,8 @@ def _drop_rejected(trial: dict, error: Exception) -> bool:
     return dropped
 
 
-def _unknown(config: Mapping, already: set[str]) -> list[Finding]:
+def _unknown(config: Mapping, already: set[str]) -> tuple[list[Finding], list[Exception]]:
+    """Warnings for the keys DeepSpeed never reads, and the errors its parser raised on the way."""
     read, validated, errors = deepspeed_reads(config)
     findings = _pipeline_section(config.get("pipeline"))
     for path, _ in _paths(config):
@@ -221,17 +305,19 @@ def _unknown(config: Mapping, already: set[str]) -> list[Finding]:
         findings.append(Finding(path, "warning", "DeepSpeed does not read this key and ignores it silently.",
                                 f"did you mean {parent}{close[0]!r}?" if close else
                                 f"remove it (DeepSpeed reads {len(siblings)} keys here)"))
-    for error in errors:
-        findings += _from_error(error)
-    return findings
+    return findings, errors
 
 
 def _pipeline_section(section) -> list[Finding]:
     """DeepSpeed copies every key of ``"pipeline"`` onto its defaults and reads a few: an
-    unknown one is ignored silently, and some defaults are never read at all."""
+    unknown one is ignored silently, and some defaults are never read at all (a value other
+    than the default there is one the job does not get)."""
     if not isinstance(section, Mapping):
         return []
+    from deepspeed.runtime.config import get_pipeline_config
+
     known, unused = pipeline_keys()
+    defaults = get_pipeline_config({})
     findings = []
     for name in section:
         if name in NOT_CONFIG_KEYS and name != "activation_checkpoint_interval":
@@ -242,7 +328,7 @@ def _pipeline_section(section) -> list[Finding]:
                                     "key and ignores it silently.",
                                     f"did you mean 'pipeline.{close[0]}'?" if close else
                                     f"the keys it knows: {', '.join(sorted(known))}"))
-        elif name in unused:
+        elif name in unused and section[name] != defaults[name]:
             findings.append(Finding(f"pipeline.{name}", "warning", "DeepSpeed keeps this key in its config but its "
                                     "pipeline engine and module never read it.",
                                     "set it through PipelineModule (num_stages=, partition_method=, seed_layers=) "
@@ -295,51 +381,51 @@ def _paths(config: Mapping, prefix: str = ""):
 
 
 # --- rules DeepSpeed itself does not state ---------------------------------------------------------
-def _misplaced(config: Mapping) -> list[Finding]:
+def _misplaced(config: Mapping, num_stages: int) -> list[Finding]:
     """Keys that look like pipeline settings but that DeepSpeed never reads where they are, at
     the top level or inside ``"pipeline"`` (the seed's snippet puts them there)."""
     found = []
     pipeline = config.get("pipeline") if isinstance(config.get("pipeline"), Mapping) else {}
     for prefix, section in (("", config), ("pipeline.", pipeline)):
-        for key, where in NOT_CONFIG_KEYS.items():
+        for key, (really, where) in NOT_CONFIG_KEYS.items():
             if key in section and not (prefix and key == "activation_checkpoint_interval"):
-                found.append(Finding(prefix + key, "error", "not a DeepSpeed config key here: DeepSpeed ignores it "
-                                     "silently, so the job does not get what it says.", f"drop it; {where}"))
+                if "stages" in really:
+                    really = f"the job has {num_stages} stage{'s' * (num_stages != 1)} (PipelineModule(num_stages=...))"
+                found.append(Finding(prefix + key, "warning", f"not a DeepSpeed config key here: DeepSpeed ignores "
+                                     f"it silently; {really}.", f"drop it; {where}"))
     return found
 
 
-def _batch(config: Mapping, data_parallel: int) -> list[Finding]:
-    total, micro, steps = (config.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                                     "gradient_accumulation_steps"))
-    if not all(isinstance(v, int) for v in (total, micro, steps)):
-        return []
-    if total == micro * steps * data_parallel:
-        return []
-    return [Finding("train_batch_size", "error",
-                    f"train_batch_size={total} but train_micro_batch_size_per_gpu × gradient_accumulation_steps × "
-                    f"data parallel = {micro} × {steps} × {data_parallel} = {micro * steps * data_parallel}; "
-                    "DeepSpeed asserts they are equal.",
-                    f"set train_batch_size to {micro * steps * data_parallel}, or gradient_accumulation_steps "
-                    f"(the pipeline's micro-batches) to {total // (micro * data_parallel)}"
-                    if total % (micro * data_parallel) == 0 else
-                    f"set train_batch_size to {micro * steps * data_parallel}")]
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-def _zero_and_precision(config: Mapping, num_stages: int) -> list[Finding]:
-    found = []
-    zero = config.get("zero_optimization")
-    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
-    if num_stages > 1 and isinstance(stage, int) and stage >= 2:
-        found.append(Finding("zero_optimization.stage", "error",
-                             f"ZeRO stage {stage} partitions gradients, which DeepSpeed's PipelineEngine rejects "
-                             "(it assumes whole gradients per stage).", "use stage 0 or 1 with pipeline parallelism"))
-    enabled = [k for k in ("fp16", "bf16", "bfloat16") if isinstance(config.get(k), Mapping)
-               and config[k].get("enabled") is True]
-    if "fp16" in enabled and len(enabled) > 1:
-        found.append(Finding("fp16", "error", f"both {' and '.join(enabled)} are enabled; DeepSpeed trains in one.",
-                             "enable one of them"))
-    amp = config.get("amp")
-    if enabled and isinstance(amp, Mapping) and amp.get("enabled") is True:
-        found.append(Finding("amp", "error", "amp (apex) and DeepSpeed's own fp16/bf16 are both enabled.",
-                             "disable amp"))
-    return found
+def _is_batch_error(error: Exception) -> bool:
+    """Whether DeepSpeed's parser stopped at the batch sizes (its assertions name them)."""
+    return type(error).__name__ == "AssertionError" and ("batch" in str(error).lower()
+                                                         or "train_micro_batch_size_per_gpu" in str(error))
+
+
+def _batch_made_consistent(config: Mapping, data_parallel: int) -> dict:
+    """`config` with batch sizes DeepSpeed accepts (the written micro-batch size and count where
+    they are positive ints, else 1), to check the rest of it."""
+    trial = copy.deepcopy(dict(config))
+    sizes = [trial.get(k) for k in _BATCH_KEYS[1:]]
+    micro, steps = (v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 1 for v in sizes)
+    trial.update(train_batch_size=micro * steps * data_parallel, train_micro_batch_size_per_gpu=micro,
+                 gradient_accumulation_steps=steps)
+    return trial
+
+
+def _from_parse_error(config: Mapping, error: Exception, data_parallel: int) -> list[Finding]:
+    """DeepSpeed's parser rejected `config`: its message, and for the batch sizes what it
+    derived and which values would hold."""
+    from utils.jobs import configrules
+
+    if type(error).__name__ == "ValidationError":
+        return []  # reported key by key from deepspeed_reads' errors
+    message = f"{type(error).__name__}: {error}".strip().rstrip(":")
+    if _is_batch_error(error):
+        return [Finding("train_batch_size", "error", f"DeepSpeed rejects it: {message}. "
+                        f"{configrules.batch_story(config, data_parallel)}",
+                        configrules.batch_fix(config, data_parallel))]
+    return _from_error(error)

@@ -135,15 +135,9 @@ PAGEABLE_LOADS_NOTE = (
 
 
 def _lint(spec: JobSpec, device: str) -> list[str]:
-    """The linter's findings on the job's DeepSpeed config, as notes; its errors (and fp16 on
-    a CPU, which DeepSpeed's CPU accelerator does not support) raise ValueError before
-    launch unless ``spec.strict`` is False."""
-    from utils.jobs.configlint import Finding
-
-    findings = spec.lint()
-    if spec.precision == "fp16" and device == "cpu":
-        findings.append(Finding("fp16", "error", "DeepSpeed's CPU accelerator has no fp16 training "
-                                "(is_fp16_supported() is False).", "use precision='bf16' on CPU, or run on a GPU"))
+    """The linter's findings on the job's DeepSpeed config on `device`, as notes; its errors
+    (fp16 on a CPU among them) raise ValueError before launch unless ``spec.strict`` is False."""
+    findings = spec.lint(device=device)
     errors = [f for f in findings if f.severity == "error"]
     if errors and spec.strict:
         raise ValueError("the job's DeepSpeed config would not run as written:\n" +

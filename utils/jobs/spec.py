@@ -279,13 +279,16 @@ class JobSpec:
             check_fault(self)
         check_nodes(self)
 
-    def lint(self) -> list[Finding]:
+    def lint(self, *, device: str | None = None) -> list[Finding]:
         """`lint_config`'s findings on the DeepSpeed config this spec runs with
-        (`utils.jobs.config.deepspeed_config`, `deepspeed_config` merged in)."""
+        (`utils.jobs.config.deepspeed_config`, `deepspeed_config` merged in), on `device`
+        (``"cpu"``/``"cuda"``; default: the spec's own `device`, or none when it is ``"auto"``)."""
         from utils.jobs.config import deepspeed_config
         from utils.jobs.configlint import lint_config
 
-        return lint_config(deepspeed_config(self), data_parallel=self.data_parallel, num_stages=self.num_stages)
+        device = device or (self.device if self.device != "auto" else None)
+        return lint_config(deepspeed_config(self), data_parallel=self.data_parallel, num_stages=self.num_stages,
+                           device=device)
 
     def commands(self, *, directory=None):
         """Prepare this job to run outside the notebook: its run directory, every node's

@@ -243,6 +243,13 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
                "the config linter cannot list the pipeline section's keys: planning a job whose config has "
                "a pipeline section fails",
                ("utils.jobs.configlint",)),
+    PrivateApi("deepspeed.runtime.engine", "DeepSpeedEngine._do_optimizer_sanity_check", DEEPSPEED,
+               "the config linter cannot run DeepSpeed's own optimizer check on a parsed config: it no longer "
+               "reports a model dtype / grad_accum_dtype mix DeepSpeed rejects, or ZeRO with an untested optimizer",
+               ("utils.jobs.configrules",), required=False),
+    PrivateApi("deepspeed.runtime.config", "DEEPSPEED_OPTIMIZERS", DEEPSPEED,
+               "the config linter cannot tell DeepSpeed's own optimizer names from torch.optim's: configs "
+               "naming an optimizer fail to lint", ("utils.jobs.configrules",)),
     PrivateApi("deepspeed.runtime.config_utils", "DeepSpeedConfigModel", DEEPSPEED,
                "the config linter cannot suggest the valid keys of a section DeepSpeed rejected",
                ("utils.jobs.configlint",), required=False),
