@@ -101,7 +101,7 @@ def _same(want: Any, got: Any) -> bool:
     return want == got
 
 
-def expected(config: dict, num_stages: int, intent: dict, facts: dict) -> dict[str, tuple[str, Any]]:
+def expected(config: dict, intent: dict, facts: dict) -> dict[str, tuple[str, Any]]:
     """fact -> (where the expectation comes from, the value the config asks for)."""
     out: dict[str, tuple[str, Any]] = {}
     for path, fact in WRITTEN_FACTS.items():
@@ -143,7 +143,7 @@ def deepspeed_verdict(case: dict) -> tuple[Verdict, tuple[str, ...]]:
     facts.setdefault("schedule", "1f1b")  # the engine's TrainSchedule, whatever the config says
     facts.setdefault("partition", "uniform")  # the module's partition_method, which the config cannot set
     why = []
-    for fact, (source, want) in expected(case["config"], case["num_stages"], case["intent"], facts).items():
+    for fact, (source, want) in expected(case["config"], case["intent"], facts).items():
         got = facts.get(fact)
         if not _same(want, got):
             why.append(f"{fact}: {source} asks for {want!r}, the engine has {got!r}")

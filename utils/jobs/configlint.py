@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from utils.jobs.configrules import data_parallel_world, engine_findings, pipeline_keys
+from utils.jobs.configrules import BATCH_KEYS, data_parallel_world, engine_findings, pipeline_keys
 from utils.system.dslog import quiet_accelerator_notice
 
 Severity = Literal["error", "warning"]
@@ -100,7 +100,7 @@ def lint_config(config: Mapping[str, Any], *, data_parallel: int = 1, num_stages
     if parsed is not None:
         findings += [Finding(*found) for found in engine_findings(config, parsed, num_stages=num_stages,
                                                                   device=device, scalar_defaults=scalar_defaults())
-                     if error is None or found[0] not in _BATCH_KEYS]
+                     if error is None or found[0] not in BATCH_KEYS]
     unknown, errors = _unknown(config, {f.key for f in findings})
     findings += unknown
     if error is not None:  # every section DeepSpeed's validation rejects, not only the first
@@ -396,9 +396,6 @@ def _misplaced(config: Mapping, num_stages: int) -> list[Finding]:
     return found
 
 
-_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
-
 def _is_batch_error(error: Exception) -> bool:
     """Whether DeepSpeed's parser stopped at the batch sizes (its assertions name them)."""
     return type(error).__name__ == "AssertionError" and ("batch" in str(error).lower()
@@ -409,7 +406,7 @@ def _batch_made_consistent(config: Mapping, data_parallel: int) -> dict:
     """`config` with batch sizes DeepSpeed accepts (the written micro-batch size and count where
     they are positive ints, else 1), to check the rest of it."""
     trial = copy.deepcopy(dict(config))
-    sizes = [trial.get(k) for k in _BATCH_KEYS[1:]]
+    sizes = [trial.get(k) for k in BATCH_KEYS[1:]]
     micro, steps = (v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 1 for v in sizes)
     trial.update(train_batch_size=micro * steps * data_parallel, train_micro_batch_size_per_gpu=micro,
                  gradient_accumulation_steps=steps)

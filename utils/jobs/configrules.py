@@ -275,8 +275,7 @@ def scalar_problems(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> l
     problems = []
     for key, value in config.items():
         default = defaults.get(key, NUMBERS_WITHOUT_DEFAULT.get(key))
-        if default is None or key in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                      "gradient_accumulation_steps") or not isinstance(value, str):
+        if default is None or key in BATCH_KEYS or not isinstance(value, str):
             continue
         if isinstance(default, bool):
             if value.strip().lower() in _FALSE_WORDS:
@@ -310,7 +309,8 @@ def _is_number(text: str) -> bool:
     return True
 
 
-_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+"""The three batch values DeepSpeed derives from one another."""
 
 
 def derived_batch(total, micro, steps, data_parallel: int) -> tuple:
@@ -335,12 +335,12 @@ def derived_batch(total, micro, steps, data_parallel: int) -> tuple:
 def batch_story(config: Mapping, data_parallel: int) -> str:
     """What DeepSpeed derived from the written batch values, for an error message ("" when all
     three are written or they are not ints)."""
-    written = [config.get(k) for k in _BATCH_KEYS]
+    written = [config.get(k) for k in BATCH_KEYS]
     if not all(isinstance(v, int) and not isinstance(v, bool) or v is None for v in written) or \
             all(v is None for v in written[:2]):
         return ""
     total, micro, steps = derived_batch(*written, data_parallel)
-    missing = [k for k, v in zip(_BATCH_KEYS, written) if v is None]
+    missing = [k for k, v in zip(BATCH_KEYS, written) if v is None]
     if not missing:
         return ""
     return (f"With {data_parallel} replica{'s' * (data_parallel != 1)} it derives {', '.join(missing)} by floor "
@@ -351,7 +351,7 @@ def batch_story(config: Mapping, data_parallel: int) -> str:
 
 def batch_fix(config: Mapping, data_parallel: int) -> str:
     """Values that would satisfy DeepSpeed's batch assertion, as a fix."""
-    total, micro, steps = (config.get(k) for k in _BATCH_KEYS)
+    total, micro, steps = (config.get(k) for k in BATCH_KEYS)
     ints = [v for v in (total, micro, steps) if v is not None]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in ints) or not ints:
         return ("write train_batch_size and train_micro_batch_size_per_gpu (or gradient_accumulation_steps) as "
