@@ -106,6 +106,24 @@ def test_a_file_gets_one_line_per_phase_and_step_and_notes_are_not_errors(job):
         (True, False, False), (False, True, False), (False, False, True)]
 
 
+def test_a_file_gets_every_step_also_those_between_two_polls(job):
+    """A slow poller (a loaded machine) may first look again after three steps, or after the
+    job ended: the file still gets one line per step, in order, before the end state."""
+    out = io.StringIO()
+    line = ProgressLine(job, stream=out)
+    line.update()
+    _add_step(job, 0, loss=3.0)
+    _add_step(job, 1, loss=2.0)
+    line.update()
+    _add_step(job, 2, loss=1.0)
+    job.state, job.ended = "succeeded", time.time()
+    line.close()
+    lines = out.getvalue().splitlines()
+    assert ["正在启动" in lines[0]] + [f"第 {k}/3 步 (step {k}/3) · loss {loss:.4f}" in s
+                                     for k, loss, s in zip((1, 2, 3), (3.0, 2.0, 1.0), lines[1:4])] == [True] * 4
+    assert len(lines) == 5 and "完成 (succeeded) · 3/3 steps" in lines[4]
+
+
 def _read_all(fd: int) -> bytes:
     """Everything a pty's leader received. The kernel hands a terminal's output over in chunks
     as it moves it, so one read can return only the first writes; read until the closed

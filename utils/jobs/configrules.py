@@ -140,6 +140,22 @@ def _signature_check(cls, params: dict) -> Exception | None:
     return None
 
 
+def _torch_optimizer(cls, params: list, **options):
+    """``cls(params, **options)`` for a torch optimizer class, built as its own ``__init__``
+    builds it (every check of names and values runs) but with ``Optimizer.add_param_group``
+    called unwrapped: torch wraps it in ``_disable_dynamo``, whose first call imports
+    ``torch._dynamo`` (about a second in every kernel that plans a job; a dummy optimizer is
+    never compiled)."""
+    import torch
+
+    plain = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    if plain is None:
+        return cls(params, **options)
+    optimizer = type(cls.__name__, (cls,), {"add_param_group": plain})(params, **options)
+    optimizer.__class__ = cls  # DeepSpeed tests type(optimizer) against its list of classes
+    return optimizer
+
+
 def build_optimizer(parsed):
     """The optimizer DeepSpeed's ``_configure_basic_optimizer`` would build from `parsed` (a
     `DeepSpeedConfig`), built on one dummy parameter: (the optimizer or None, the exception
@@ -196,7 +212,7 @@ def build_optimizer(parsed):
     else:
         return None, AttributeError(f"module 'torch.optim' has no attribute {name!r}")
     try:
-        return cls(dummy, **params), None
+        return _torch_optimizer(cls, dummy, **params), None
     except Exception as exc:  # noqa: BLE001 - the class's own verdict
         return None, exc
 
@@ -226,7 +242,7 @@ def optimizer_sanity(parsed, optimizer) -> Exception | None:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
     if optimizer is None:
-        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+        optimizer = _torch_optimizer(torch.optim.AdamW, [torch.nn.Parameter(torch.zeros(1))])
     try:
         with data_parallel_world(1):
             DeepSpeedEngine._do_optimizer_sanity_check(_EngineView(parsed), optimizer)
@@ -252,7 +268,7 @@ def build_scheduler(parsed) -> Exception | None:
         cls = getattr(torch.optim.lr_scheduler, name)
     else:
         return AssertionError(f"DeepSpeed does not recognize LR scheduler {name}")
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    optimizer = _torch_optimizer(torch.optim.SGD, [torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     try:
         cls(optimizer, **(parsed.scheduler_params or {}))
     except Exception as exc:  # noqa: BLE001 - the class's own verdict
@@ -414,10 +430,14 @@ def engine_findings(config: Mapping, parsed, *, num_stages: int, device: str | N
                       else "write it as an int"))
     found += scalar_problems(config, scalar_defaults)
     if parsed.wall_clock_breakdown and num_stages > 1:
-        found.append(("wall_clock_breakdown", "error", "with more than one stage, the first train_batch() "
-                      "fails on every stage but the last: 'bwd_microstep timer has already been started' "
-                      "(the pipeline's backward starts that timer inside the engine's own backward timer).",
-                      "set it to false; read the stages' times from the workbook's timeline instead"))
+        by_profiler = not config.get("wall_clock_breakdown")
+        found.append(("wall_clock_breakdown", "error", (
+            "is on because flops_profiler.enabled is (DeepSpeedConfig sets it to wall_clock_breakdown or "
+            "flops_profiler.enabled); " if by_profiler else "") + "with more than one stage, the first "
+            "train_batch() fails on every stage but the last: 'bwd_microstep timer has already been started' "
+            "(the pipeline's backward starts that timer inside the engine's own backward timer).",
+            ("turn the flops profiler off" if by_profiler else "set it to false") +
+            "; read the stages' times from the workbook's timeline instead"))
     if device == "cpu" and parsed.float16_config.enabled:
         found.append(("fp16", "error", "DeepSpeed's CPU accelerator has no fp16 training "
                       "(is_fp16_supported() is False): initialize fails 'Type fp16 is not supported on your "

@@ -107,6 +107,7 @@ class ProgressLine:
         self.handle = None
         self._shown = ""
         self._last_key: tuple | None = None
+        self._steps_shown = 0
         self._closed = False
         for note in job.notes:
             print(f"注意 (note): {note}", file=self.stream, flush=True)
@@ -114,7 +115,9 @@ class ProgressLine:
 
     def update(self, rows: list[dict] | None = None) -> None:
         """Show the job's phase now; redraws only when the text changed (about once a second
-        while the clock runs), and in ``lines`` mode only when the phase or step did."""
+        while the clock runs). In ``lines`` mode a line is printed only when the phase or step
+        changed, and every finished step has its line, also one that ended between two polls."""
+        rows = self.job.progress() if rows is None else rows
         phase = job_phase(self.job, rows)
         text = phase_text(self.job, phase)
         if text == self._shown:
@@ -135,6 +138,13 @@ class ProgressLine:
             if key == self._last_key:
                 return
             self._last_key = key
+            # every finished step gets its line, also the ones finished between two polls
+            missed_until = phase.done - 1 if phase.name == "training" else phase.done
+            for done in range(self._steps_shown + 1, missed_until + 1):
+                row = rows[done - 1]
+                missed = Phase("training", phase.elapsed, done, phase.steps, row["loss"], row["seconds"])
+                print(phase_text(self.job, missed), file=self.stream, flush=True)
+            self._steps_shown = max(self._steps_shown, phase.done)
             print(text, file=self.stream, flush=True)
         self._shown = text
 
