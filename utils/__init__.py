@@ -62,6 +62,7 @@ _API: dict[str, tuple[str, ...]] = {
     "utils.ui.topology_plots": ("plot_rank_grid",),
     "utils.ui.widgets": ("RunPanel",),
     "utils.ui.explorer": ("TimelineExplorer",),
+    "utils.ui.labels": ("set_language", "get_language"),
 }
 
 _MODULE_OF = {name: module for module, names in _API.items() for name in names}

@@ -13,7 +13,7 @@ from tests.helpers import SMALL_GPT
 from utils.system.procs import job_processes
 from utils import Fault, JobFailed, JobSpec, run_job
 from utils.jobs.diagnose import diagnose
-from utils.jobs.launchers import recorded_exit_report
+from utils.jobs.exitreport import recorded_exit_report
 from utils.jobs.stacks import main_stack, parse_stacks
 
 pytestmark = pytest.mark.integration

@@ -109,7 +109,7 @@ def test_ranks_end_when_the_launching_process_is_gone(runs_root, ending):
 
 def test_running_command_txt_again_records_a_new_run(runs_root, tmp_path):
     """The README invites running ``run.command`` in a terminal; it must not append a second
-    copy of every step to the run it came from. (Its first run also shows that torchrun, which
+    copy of every step to the run it came from. (Both runs also show that torchrun, which
     makes a torchelastic_* folder per job and never removes it, leaves nothing in the
     temporary directory.)"""
     tmp = Path(tempfile.gettempdir())
@@ -124,6 +124,8 @@ def test_running_command_txt_again_records_a_new_run(runs_root, tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TMPDIR=str(tmp_path), TORCH_EXTENSIONS_DIR=str(extensions_dir()))
     done = subprocess.run(["bash", "-c", run.command], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # by hand too: torchrun's torchelastic_* folder went into the command's own temporary folder, removed
+    assert list(tmp_path.iterdir()) == []
 
     assert {name: (run.path / name).read_bytes() for name in records} == before
     assert len(Run.load(run.path).losses) == 3

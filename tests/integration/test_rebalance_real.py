@@ -11,13 +11,16 @@ runs once per mode, on 2 stages: the 4-stage moves carry state by the same code.
 from __future__ import annotations
 
 import math
+import os
+import signal
+import time
 from functools import cache
 from statistics import median
 
 import pytest
 
 from utils.system.procs import job_processes
-from utils import Fault, JobFailed, JobSpec, Rebalance, diagnose, run_job
+from utils import Fault, JobFailed, JobSpec, Rebalance, diagnose, run_job, start_job
 
 pytestmark = pytest.mark.integration
 
@@ -132,6 +135,40 @@ def test_a_rank_failing_during_a_migration_ends_the_job(runs_root, kind, said):
     assert "repartition" in message  # the phase it failed in
     assert caught.value.run.state == "failed"
     assert job_processes(caught.value.run.path) == []
+
+
+def test_a_rank_frozen_during_a_migration_is_found_by_the_watch_not_the_timeout(runs_root, tmp_path):
+    """Before: a SIGSTOPped rank in a live move was reported only when the job's timeout (300 s
+    by default) ran out, and the report blamed any JIT build lock on the machine. Rank 1 is held
+    inside the move (a "hang" fault there), then stopped: the watch ends the job `FROZEN_AFTER`
+    seconds later, and a lock held by another process, after every engine exists, is not named."""
+    from utils.jobs.launch import FROZEN_AFTER
+
+    spec = _spec(2, repartition_at={2: (0, 2, 8)}, timeout=300, name="migration-frozen",
+                 fault=Fault(kind="hang", stage=1, step=2, instruction="repartition"))
+    job = start_job(spec)
+    status = job.run_dir.status_slot(1)
+    while job.poll() == "running" and "repartition" not in (status.read_text() if status.exists() else ""):
+        time.sleep(0.1)  # a guard: the job's own timeout ends this loop if the move never comes
+    job.launcher.workers()[1].send_signal(signal.SIGSTOP)
+    frozen_at = time.time()
+    other = tmp_path / "torch_extensions" / "some_op"
+    other.mkdir(parents=True)
+    held = os.open(other / "lock", os.O_CREAT | os.O_EXCL)  # another job's build, held by this process
+    job.launcher.extensions_dir = other.parent
+    try:
+        with pytest.raises(JobFailed) as caught:
+            job.wait()
+    finally:
+        os.close(held)
+    message = str(caught.value)
+    print(f"ended {job.ended - frozen_at:.1f} s after SIGSTOP (FROZEN_AFTER={FROZEN_AFTER:g} s, timeout={spec.timeout:g} s)")
+    assert f"rank(s) [1] stopped (process state 'stopped') for {FROZEN_AFTER:g} s or more" in message
+    assert "Rank(s) [1] are stopped" in message and "repartition" in message
+    assert "build lock" not in message
+    # timing-claim: construction — the job's timeout is 300 s; only the watch can end it sooner
+    assert job.ended - job.started < spec.timeout
+    assert job_processes(job.path) == []
 
 
 def test_deepspeeds_own_optimizer_loader_fails_or_silently_mismatches_after_a_move(runs_root):

@@ -37,7 +37,7 @@ FROZEN = {
     # 8. Pictures and widgets
     "plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory",
     "plot_partition_history", "plot_rank_grid",
-    "RunPanel", "TimelineExplorer",
+    "RunPanel", "TimelineExplorer", "set_language", "get_language",
 }
 
 

@@ -169,18 +169,22 @@ def test_the_stop_message_is_one_line_for_ipython(tmp_path):
 def test_the_terminal_command_works_as_pasted(job):
     """Before: ``... torchrun --standalone ...``, "command not found" outside an activated venv."""
     command = job.command
-    cd, _, rest = command.partition(" && ")
+    # a subshell with a temporary folder of its own, removed on exit (torchrun never removes its torchelastic_*)
+    assert command.startswith("(") and command.endswith(")")
+    cd, made, trap, rest = command[1:-1].split(" && ", 3)
     assert cd == f"cd {shlex.quote(str(PROJECT_ROOT))}"
+    assert made == 't="$(mktemp -d)"' and trap == """trap 'rm -rf "$t"' EXIT INT TERM"""
     argv = shlex.split(rest)
     assert argv[0] == "env"
     settings = dict(a.split("=", 1) for a in argv[1:] if "=" in a and not a.startswith("-"))
+    program = argv[1 + len(settings):]
+    assert settings["TMPDIR"] == "$t"
     assert settings["DS_ACCELERATOR"] == "cpu" and settings["CUDA_VISIBLE_DEVICES"] == ""
     # The folder holding the compiled communication op: without it a terminal run compiles it again.
     assert settings["TORCH_EXTENSIONS_DIR"] == os.environ.get("TORCH_EXTENSIONS_DIR",
                                                               os.path.join(sys.prefix, "torch_extensions"))
     # The venv's bin first, as the job itself ran: its ninja built the op (Debian's would rebuild it).
     assert settings["PATH"] == f"{os.path.dirname(sys.executable)}:$PATH" and '"$PATH"' in rest
-    program = argv[1 + len(settings):]
     assert program[:3] == [sys.executable, "-m", "torch.distributed.run"] and os.path.isabs(program[0])
     assert program[3:] == ["--standalone", "--local-addr=127.0.0.1", "--nproc-per-node=2", "-m", "utils.runtime.rank",
                            str(job.path)]

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from utils.analysis.intervals import clip_intervals, transfer_intervals, union_length
-from utils.analysis.report import (SCALARS, diagnose, format_value, report_html, report_text,
-                                   stage_rows)
+from utils.analysis.report import (SCALARS, diagnose, format_value, partial_notes, report_html, report_text,
+                                   stage_rows, with_notes)
 from utils.analysis.steps import steady_steps
 from utils.analysis.summary import MetricsSummary
 from utils.timeline import COMM_KINDS, COMPUTE_KINDS, Event, Timeline
@@ -98,6 +98,10 @@ class Metrics:
     padding_waste: float | None = None
     """Variable-length micro-batches (``timeline.meta["micro_batch_tokens"]``): the share of
     the tokens computed that were padding; None when every sample has the full length."""
+    notes: tuple[str, ...] = ()
+    """What a reader must know about the figures: for a timeline read from a partial record
+    (``timeline.meta["record_problems"]``: a rank's file cut short or damaged), that they are
+    partial and which files; shown above the tables and before the diagnosis."""
 
     # --- derived views ------------------------------------------------------------------------
     @property
@@ -132,9 +136,9 @@ class Metrics:
     @property
     def diagnosis(self) -> str:
         """One line naming the main cause of the bubble."""
-        return diagnose(bubble=self.bubble_ratio, imbalance=self.imbalance,
-                        slowest=self.slowest_stage, comm_share=self.comm_share,
-                        straggler=self.straggler)
+        return with_notes(diagnose(bubble=self.bubble_ratio, imbalance=self.imbalance,
+                                   slowest=self.slowest_stage, comm_share=self.comm_share,
+                                   straggler=self.straggler), self.notes)
 
     def to_dict(self) -> dict:
         """Every field (tuples as lists) plus the diagnosis: JSON-ready."""
@@ -159,11 +163,11 @@ class Metrics:
 
     def __str__(self) -> str:
         head = f"{self.source} pipeline, step {self.step}"
-        return report_text(head, self.table(), self.stage_table(), self.diagnosis)
+        return report_text(head, self.table(), self.stage_table(), self.diagnosis, self.notes)
 
     def _repr_html_(self) -> str:
         head = f"{self.source} pipeline, step {self.step}"
-        return report_html(head, self.table(), self.stage_table(), self.diagnosis)
+        return report_html(head, self.table(), self.stage_table(), self.diagnosis, self.notes)
 
 
 def compute_metrics(timeline: Timeline, step: int | None = None, *,
@@ -272,7 +276,7 @@ def _step_metrics(timeline: Timeline, step: int) -> Metrics:
         samples_per_s=samples_per_s, tokens_per_s=tokens_per_s,
         warmup=warm_end - start, steady=cool_start - warm_end, cooldown=end - cool_start,
         rank_compute=tuple(sorted((s, r, v[0]) for (s, r), v in per_rank.items())),
-        padding_waste=padding_waste,
+        padding_waste=padding_waste, notes=partial_notes(timeline.meta),
     )
 
 

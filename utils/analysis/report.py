@@ -16,7 +16,11 @@ if TYPE_CHECKING:
     from utils.analysis.metrics import Metrics
     from utils.analysis.summary import MetricsSummary
 
-__all__ = ["SCALARS", "diagnose", "format_value", "report_html", "report_text", "stage_rows"]
+__all__ = ["PARTIAL", "SCALARS", "diagnose", "format_value", "partial_notes", "report_html", "report_text",
+           "stage_rows", "with_notes"]
+
+#: What the metrics of a timeline read from a partial record say first.
+PARTIAL = "本次运行的数据不完整 (this run's figures are partial)"
 
 #: A stage whose compute exceeds the mean stage compute by this factor is called the bottleneck.
 IMBALANCE_THRESHOLD = 1.10
@@ -62,6 +66,20 @@ def diagnose(*, bubble: float, imbalance: float, slowest: int, comm_share: float
             "from fill and drain: raise the micro-batch count")
 
 
+def partial_notes(meta: dict) -> tuple[str, ...]:
+    """The notes metrics carry for a timeline read from a partial record: its
+    ``meta["record_problems"]`` (one line per file cut short or damaged, put there by the
+    reader of a run's record, `utils.jobs.runs.Run.timeline`), headed by `PARTIAL`; empty
+    for a complete record or a simulation."""
+    problems = [str(p) for p in meta.get("record_problems") or ()]
+    return (f"{PARTIAL}: {problems[0]}", *problems[1:]) if problems else ()
+
+
+def with_notes(diagnosis: str, notes: tuple[str, ...]) -> str:
+    """The one-line diagnosis, marked when it rests on a partial record."""
+    return f"[{PARTIAL}] {diagnosis}" if notes else diagnosis
+
+
 def format_value(name: str, value: float | None) -> str:
     """Scalar `name` as tables show it: times in ms, shares in %, imbalance as a factor."""
     if value is None:
@@ -87,13 +105,15 @@ def stage_rows(m: Metrics | MetricsSummary) -> list[dict]:
             for s in range(m.num_stages)]
 
 
-def report_text(head: str, rows: list[dict], stages: list[dict], diagnosis: str) -> str:
-    """`head`, the scalar table (without its meanings), the stage table and the diagnosis."""
+def report_text(head: str, rows: list[dict], stages: list[dict], diagnosis: str,
+                notes: tuple[str, ...] = ()) -> str:
+    """`head`, its `notes` (a partial record), the scalar table (without its meanings), the
+    stage table and the diagnosis."""
     columns = [k for k in rows[0] if k != "meaning"] if rows else []
     stages = [{**r, "compute_ms": f"{r['compute_ms']:.3f}", "comm_ms": f"{r['comm_ms']:.3f}",
                "idle_ms": f"{r['idle_ms']:.3f}", "utilisation": f"{r['utilisation']:.1%}"}
               for r in stages]
-    parts = [head,
+    parts = [head, *(f"  ! {note}" for note in notes),
              text_table(rows, columns=columns, align={"metric": "left"}, min_width=14,
                         indent="  "),
              text_table(stages, columns=_STAGE_COLUMNS, indent="  "),
@@ -101,9 +121,11 @@ def report_text(head: str, rows: list[dict], stages: list[dict], diagnosis: str)
     return "\n".join(p for p in parts if p)
 
 
-def report_html(head: str, rows: list[dict], stages: list[dict], diagnosis: str) -> str:
+def report_html(head: str, rows: list[dict], stages: list[dict], diagnosis: str,
+                notes: tuple[str, ...] = ()) -> str:
     """The same report as `report_text` as HTML; the scalar table keeps its meanings."""
     stages = [{**r, "utilisation": f"{r['utilisation']:.1%}"} for r in stages]
-    return (f"<div><b>{html.escape(head)}</b>{html_table(rows, align='left')}"
+    shown = "".join(f"<p><b>! {html.escape(note)}</b></p>" for note in notes)
+    return (f"<div><b>{html.escape(head)}</b>{shown}{html_table(rows, align='left')}"
             f"{html_table(stages, align='left')}"
             f"<p><b>diagnosis:</b> {html.escape(diagnosis)}</p></div>")

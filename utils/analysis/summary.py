@@ -11,7 +11,7 @@ from statistics import median
 from typing import TYPE_CHECKING
 
 from utils.analysis.report import (SCALARS, diagnose, format_value, report_html, report_text,
-                                   stage_rows)
+                                   stage_rows, with_notes)
 
 if TYPE_CHECKING:
     from utils.analysis.metrics import Metrics
@@ -131,6 +131,11 @@ class MetricsSummary:
         return self.per_step[0].source
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What a reader must know about the figures (a partial record: `Metrics.notes`)."""
+        return self.per_step[0].notes
+
+    @property
     def slowest_stage(self) -> int:
         """Stage with the largest median compute."""
         comp = self.stage_compute
@@ -143,9 +148,9 @@ class MetricsSummary:
         # A straggler counts only when it shows up in most steps, not in one noisy step.
         straggler = (max(stragglers, key=lambda x: x[2])
                      if len(stragglers) * 2 > len(self.used) else None)
-        return diagnose(bubble=self.bubble_ratio, imbalance=self.imbalance,
-                        slowest=self.slowest_stage, comm_share=self.comm_share,
-                        straggler=straggler)
+        return with_notes(diagnose(bubble=self.bubble_ratio, imbalance=self.imbalance,
+                                   slowest=self.slowest_stage, comm_share=self.comm_share,
+                                   straggler=straggler), self.notes)
 
     def table(self) -> list[dict]:
         """Rows ``{"metric", "median", "min", "max", "iqr", "meaning"}`` (values formatted)."""
@@ -164,7 +169,7 @@ class MetricsSummary:
         return stage_rows(self)
 
     def to_dict(self) -> dict:
-        return {"used_steps": list(self.used_steps), "skip_first": self.skip_first,
+        return {"used_steps": list(self.used_steps), "skip_first": self.skip_first, "notes": list(self.notes),
                 "stats": {k: (None if v is None else {**asdict(v), "iqr": v.iqr})
                           for k, v in self.stats.items()},
                 "diagnosis": self.diagnosis,
@@ -177,7 +182,7 @@ class MetricsSummary:
                 f"{list(self.used_steps)}{note}")
 
     def __str__(self) -> str:
-        return report_text(self._head(), self.table(), self.stage_table(), self.diagnosis)
+        return report_text(self._head(), self.table(), self.stage_table(), self.diagnosis, self.notes)
 
     def _repr_html_(self) -> str:
-        return report_html(self._head(), self.table(), self.stage_table(), self.diagnosis)
+        return report_html(self._head(), self.table(), self.stage_table(), self.diagnosis, self.notes)

@@ -62,7 +62,7 @@ class NodeCommands:
 
 def prepare_job(spec: JobSpec, *, directory: str | Path | None = None) -> NodeCommands:
     """Plan `spec`, create its run directory and return the commands that run it (module docstring)."""
-    plan = plan_job(spec)
+    plan = plan_job(spec, directory=directory)
     launcher = launcher_for(plan)
     run_dir = RunDir.create(spec.name or spec.model, directory)
     run_dir.write_spec(spec.to_dict())

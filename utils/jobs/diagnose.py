@@ -13,6 +13,10 @@ that just ended and on one recorded months ago:
 - a **successful** run: stragglers, imbalance, the causes of the bubble and the memory per
   stage, from the timeline (`utils.analysis.slowness`).
 
+A record cut short or damaged (`Run.record_problems`) is a ``partial-record`` finding: the
+first of a successful run (every figure after it rests on part of the run), after the cause
+of a failed or hung one.
+
 The result is a `Diagnosis` (`utils.analysis.diagnosis`): readable in a notebook, with stable
 codes and locations for a test or a grader. A fault the spec injected (`JobSpec.fault`) is
 named in a finding of its own, last; ``reveal_fault=False`` leaves it out (for a lab whose
@@ -27,9 +31,10 @@ import signal
 from pathlib import Path
 
 from utils.analysis.diagnosis import Diagnosis, Symptom, Where
+from utils.analysis.report import PARTIAL
 from utils.analysis.slowness import performance_symptoms
 from utils.jobs.errors import engine_instruction_of, explain
-from utils.jobs.launchers import recorded_exit_report
+from utils.jobs.exitreport import recorded_exit_report
 from utils.jobs.rundir import StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, parse_stacks, stack_summary
@@ -63,6 +68,11 @@ def diagnose(run: Run | str | Path, *, reveal_fault: bool = True) -> Diagnosis:
         kind, headline, findings = "hung", *_hung(run)
     else:
         kind, headline, findings = "failed", *_failed(run)
+    if run.record_problems and kind == "ok":  # every figure of a successful run rests on the record
+        findings.insert(0, _partial(run))
+        headline = f"{PARTIAL}; {headline}"
+    elif run.record_problems:
+        findings.append(_partial(run))
     if reveal_fault and run.spec.fault is not None and "injected-fault" not in [f.code for f in findings]:
         findings.append(_injected(run))
     return Diagnosis(kind=kind, run=run.name, headline=headline, findings=tuple(findings))
@@ -151,7 +161,7 @@ def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object
     - ``lost-connection``: it noticed: its error record is a lost connection (a consequence);
     - ``stopped``: the launcher stopped it (SIGTERM) before it noticed, and it left no error
       record. Told by the launcher's report (exit code -15, or its log line closing the rank's
-      pid: `utils.jobs.launchers.ExitReport.stopped_by_launcher`), or, where the report says
+      pid: `utils.jobs.exitreport.ExitReport.stopped_by_launcher`), or, where the report says
       nothing of it (elastic's function context lists failures only: the warm agent), by its
       record: no error, no result, no exit code of its own, after the first failure's record.
 
@@ -383,14 +393,40 @@ def _in_injected_hang(stack: ThreadStack | None) -> bool:
 def _succeeded(run: Run) -> tuple[str, list[Symptom]]:
     parts = run.parts if len(run.partitions) == 1 else None  # peers by layers only while the partition holds
     names = list(model_shape(run.spec.model, run.spec.model_options).layer_names) if parts else None
-    findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs,
-                                    step_memory=run.step_memory,
-                                    stage_layers=[names[a:b] for a, b in zip(parts, parts[1:])] if parts else None)
+    try:
+        findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs,
+                                        step_memory=run.step_memory,
+                                        stage_layers=[names[a:b] for a, b in zip(parts, parts[1:])] if parts else None)
+    except ValueError:  # a record cut short may leave a step without compute: its partial-record finding says so
+        if not run.partial:
+            raise
+        findings = []
     times = run.step_times
     done = f"{len(run.losses)} steps, {sum(times[1:]) / max(1, len(times) - 1):.3g} s/step after the first" \
         if len(times) > 1 else f"{len(run.losses)} step(s)"
     worst = next((f for f in findings if f.severity == "warning"), None)
     return done + (f"; {worst.what}" if worst else "; no straggler, balanced stages"), findings
+
+
+# --- a partial record ------------------------------------------------------------------------------
+def _partial(run: Run) -> Symptom:
+    """The ``partial-record`` finding: which files of the record are cut short or damaged."""
+    problems = run.record_problems
+    ranks = {p.rank for p in problems}
+    causes = []
+    if any(p.kind != "damaged" for p in problems):
+        causes.append("files were cut short after their ranks wrote them (a disk that filled up, a copy or a "
+                      "move cut short, an edit by hand); what is there is read")
+    if any(p.kind == "damaged" for p in problems):
+        causes.append("lines were damaged after they were written (garbage bytes: a faulty disk, an edit by "
+                      "hand); they are skipped, the rest of each file is read")
+    return Symptom(code="partial-record", severity="warning",
+                   what=f"{PARTIAL}: {len(problems)} problem(s) in {len({p.path for p in problems})} file(s) "
+                        f"of its record",
+                   where=Where(rank=next(iter(ranks)) if len(ranks) == 1 else None),
+                   evidence={"problems": [str(p) for p in problems], "run": str(run.path)},
+                   cause="; ".join(causes),
+                   fix="run the job again (run_job(run.spec)) for figures that rest on the whole run")
 
 
 # --- the injected fault ---------------------------------------------------------------------------

@@ -131,6 +131,14 @@ PATTERNS: tuple[Pattern, ...] = (
             "in GPipe), gradients and optimizer state of its layers",
             "activation checkpointing (activation_checkpoint_interval), a smaller micro_batch_size, 1F1B instead of "
             "GPipe, fewer layers on this stage, or more stages"),
+    Pattern("checkpoint-disk", r"CheckpointDiskError: .*?\((?P<what>(?:the checkpoint folder|the run directory) \S+ is not "
+                               r"writable|no space left on the disk of \S+|not enough disk space for the restart-mode "
+                               r"checkpoint)",
+            "a restart-mode re-partition saves a checkpoint and loads it after the restart; it could not be saved: "
+            "{what} (`utils.runtime.restart.save_checkpoint` checks the folder and the space before DeepSpeed "
+            "writes, and removes what a failed save left)",
+            "free space on that disk, run the job in another folder (run_job(..., directory=...) or "
+            "WORKBOOK_RUNS), or re-partition with repartition_mode='live', which writes no checkpoint"),
     Pattern("peer-lost", r"Connection closed by peer|Connection reset by peer|Broken pipe",
             "a neighbouring rank went away (it failed or was stopped) while this one talked to it",
             "look at the rank that failed first", consequence=True),

@@ -11,6 +11,8 @@ process left behind:
 - a rank dies        -> the launcher reports the root cause; the same error names it;
 - a rank hangs       -> after `spec.timeout` the job is stopped and the error names the
                         instruction each rank was executing;
+- a rank is stopped  -> (SIGSTOP, ^Z) the same report after `FROZEN_AFTER` seconds, not the
+                        whole timeout: its peers would wait for it that long;
 - Ctrl-C / the notebook's stop button -> the job is stopped, state "stopped", and
                         `JobStopped` (a KeyboardInterrupt) says so in one line.
 
@@ -23,7 +25,6 @@ import atexit
 import os
 import re
 import signal
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -38,9 +39,12 @@ from utils.jobs.progress import ProgressLine
 from utils.jobs.rundir import RunDir, RunState, StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.spec import JobSpec
-from utils.jobs.stacks import main_stack, parse_stacks, request_stacks, stack_summary
+from utils.jobs.hangs import describe_hang, process_state
 
 POLL_SECONDS = 0.2
+FROZEN_AFTER = 10.0
+"""Seconds a rank's process may stay stopped (SIGSTOP, ^Z) before the watch ends the job: its
+peers would wait for it in a collective until the job's timeout (300 s by default)."""
 LAUNCHER_GRACE = 30.0
 """Seconds the launcher gets to stop the other ranks and report exit codes after a failure
 (it usually takes 1-2 s; the wait ends when it exits). On a busy machine its summary came
@@ -105,6 +109,9 @@ class RunningJob:
         self._status_unwritten = False
         self.restarts: list[int] = []
         """Steps before which a restart-mode job was relaunched (`repartition_mode="restart"`)."""
+        self._stopped_since: dict[int, float] = {}
+        """Rank -> when this watch first saw its process stopped (SIGSTOP, ^Z), while it stays so."""
+        self._frozen_checked = 0.0
 
     # --- observation ---------------------------------------------------------------------------
     def progress(self) -> list[dict]:
@@ -136,8 +143,26 @@ class RunningJob:
             else:
                 self._finish("failed", self._describe_failure(errors))
         elif time.time() - self.started > self.spec.timeout:
-            self._finish("timeout", self._describe_hang())
+            self._finish("timeout", describe_hang(self))
+        elif (frozen := self._frozen_ranks()):
+            self._finish("timeout", describe_hang(self, f"rank(s) {frozen} stopped (process state 'stopped') "
+                                                        f"for {FROZEN_AFTER:g} s or more: the job cannot go on"))
         return self.state
+
+    def _frozen_ranks(self) -> list[int]:
+        """Ranks whose process has been stopped (SIGSTOP, ^Z) for `FROZEN_AFTER` seconds: the
+        others wait for them in a collective until the job's timeout, which this watch does not
+        wait out. A rank that runs again within the window is forgotten."""
+        now = time.time()
+        if now - self._frozen_checked < 1.0:  # a process-table walk: once a second is enough
+            return []
+        self._frozen_checked = now
+        for rank, process in self.launcher.workers().items():
+            if process_state(process) == psutil.STATUS_STOPPED:
+                self._stopped_since.setdefault(rank, now)
+            else:
+                self._stopped_since.pop(rank, None)
+        return sorted(rank for rank, since in self._stopped_since.items() if now - since >= FROZEN_AFTER)
 
     def _relaunch_due(self, finished: list[int]) -> int | None:
         """The step a restart-mode job asked to be relaunched before, if it did and this
@@ -280,69 +305,10 @@ class RunningJob:
         return (f"the launcher exited with code {self.launcher.returncode()}; the end of "
                 f"{RunDir.LAUNCHER_LOG}:\n{_tail(self.run_dir.file(RunDir.LAUNCHER_LOG))}")
 
-    def _describe_hang(self) -> str:
-        slow = self._describe_slow() or self.launcher.node_trouble(self.run_dir)
-        if slow:
-            return slow
-        now = time.time()
-        workers = self.launcher.workers()
-        # Every rank's Python stacks, asked for before the job is stopped (faulthandler, a
-        # signal each rank handles even when blocked in a collective); saved in the run directory.
-        stacks = request_stacks(self.run_dir, workers)
-        lines = [f"no progress within timeout={self.spec.timeout:g} s; what each rank was doing when it "
-                 "was stopped:"]
-        frozen = []
-        for rank in range(self.spec.world_size):
-            status = StatusSlot.read(self.run_dir.status_slot(rank)) or "not started (still initialising)"
-            since = _status_age(status, now)
-            done = len(self.run_dir.progress(rank))
-            state = _process_state(workers.get(rank))
-            if state == psutil.STATUS_STOPPED:
-                frozen.append(rank)
-            lines.append(f"  rank {rank} (stage {self.spec.stage_of_rank(rank)}): {status}"
-                         + (f" — for {since:.0f} s" if since is not None else "")
-                         + f", {done} step(s) done" + (f", process {state}" if state else ""))
-            if rank in stacks:
-                main = main_stack(parse_stacks(stacks[rank]))
-                lines.append("      stack: " + (stack_summary(main.frames) if main else "no answer (stopped?)"))
-        if stacks:
-            lines.append("Every rank's Python stacks are saved in the run directory as stacks-rank<r>.txt; "
-                         "utils.diagnose(run) reads them into a wait-for chain.")
-        if frozen:
-            lines.append(f"Rank(s) {frozen} are stopped (SIGSTOP, a debugger, or ^Z): they are the stuck ones; "
-                         "the others wait for them inside send/recv.")
-        else:
-            lines.append("A rank blocked in recv_* waits for a neighbour; the rank that is not in a send/recv, or "
-                         "has been in its instruction longest, is usually the one that hangs.")
-        lock = self.launcher.blocking_build_locks()
-        if lock:
-            lines.append(lock)
-        return "\n".join(lines)
-
-    def _describe_slow(self) -> str | None:
-        """The timeout hit a job that was still finishing steps: too slow, not hung."""
-        rows = self.progress()
-        if not rows:
-            return None
-        per_step = statistics.median(row["seconds"] for row in rows)
-        try:
-            idle = time.time() - self.run_dir.progress_file(0).stat().st_mtime
-        except OSError:
-            return None
-        if idle > max(3 * per_step, 5.0):
-            return None  # it stopped making progress: a hang
-        left = self.spec.steps - len(rows)
-        need = left * per_step
-        return (f"too slow for timeout={self.spec.timeout:g} s: {len(rows)} of {self.spec.steps} steps done "
-                f"at {per_step:.2f} s/step; the remaining {left} steps need about {need:.0f} s more. The job "
-                f"was still running, not hung: raise timeout to at least "
-                f"{self.spec.timeout + need * 1.5:.0f} s, or run fewer steps")
-
-
 def start_job(spec: JobSpec, *, directory: str | Path | None = None,
               launcher: Launcher | None = None) -> RunningJob:
     """Plan `spec` (`plan_job`), create its run directory and start its processes."""
-    plan = plan_job(spec)
+    plan = plan_job(spec, directory=directory)
     launcher = launcher or launcher_for(plan)
     launcher.check(plan)
     others = _other_jobs_running()
@@ -439,19 +405,3 @@ def _other_jobs_running() -> list[str]:
         if RANK_PROGRAM in cmdline and cmdline[-1] != RANK_PROGRAM:
             found.add(Path(cmdline[-1]).name)
     return sorted(found)
-
-
-def _status_age(status: str, now: float) -> float | None:
-    """Seconds since the instruction in a status slot started (it ends with ``t=<time>``)."""
-    _, _, stamp = status.rpartition(" t=")
-    try:
-        return now - float(stamp)
-    except ValueError:
-        return None
-
-
-def _process_state(process: psutil.Process | None) -> str | None:
-    try:
-        return process.status() if process is not None else None
-    except psutil.Error:
-        return None

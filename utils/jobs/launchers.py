@@ -16,26 +16,25 @@ and ``TMPDIR`` inside the run directory (torchrun's ``torchelastic_*`` folders g
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
 
+from utils.jobs.exitreport import ExitReport, placed_pids, read_log, torchrun_report
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
 from utils.system.extensions import LOCK_NAME, build_locks, extensions_dir, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
 from utils.system.private_apis import warm_start
 from utils.system.procs import end_process_tree, job_processes
+from utils.system.shm import remove_stale_buffers
 
 if TYPE_CHECKING:
     from utils.jobs.plan import JobPlan
@@ -60,27 +59,6 @@ def ranks_path(path: str) -> str:
     op (~35 s): jobs from a plain shell and from a kernel whose PATH starts with the venv rebuilt
     it for each other, job after job."""
     return path if path.split(os.pathsep)[0] == INTERPRETER_BIN else os.pathsep.join([INTERPRETER_BIN, path])
-
-
-@dataclass(frozen=True)
-class ExitReport:
-    """What the launcher knows about how the ranks ended."""
-
-    exit_codes: dict[int, int] = field(default_factory=dict)
-    """Rank -> exit code for the ranks that failed (negative: killed by that signal)."""
-    first_failed: tuple[int, ...] = ()
-    """The rank(s) the launcher saw fail first (the likely cause)."""
-    closed: tuple[int, ...] = ()
-    """Ranks the launcher's log says it sent SIGTERM to while they still ran, after another
-    rank failed (`TORCHRUN_CLOSED`). torchrun's command also lists such a rank with exit code
-    -15; elastic's function context (the warm agent's) lists failures only, so there that log
-    line is the agent's one word on the ranks it stopped."""
-
-    def stopped_by_launcher(self, rank: int) -> bool:
-        """True when the launcher itself ended this rank (SIGTERM after another failed): exit
-        code -15 in its summary, or no exit code of its own and closed by the launcher."""
-        code = self.exit_codes.get(rank)
-        return code == -signal.SIGTERM or (code is None and rank in self.closed)
 
 
 class Launcher(ABC):
@@ -142,19 +120,6 @@ class Launcher(ABC):
     @abstractmethod
     def exit_report(self, run_dir: RunDir) -> ExitReport:
         """How the ranks ended, as far as the launcher saw it."""
-
-
-#: One failed rank in torchrun's closing summary: "  rank      : 1 (local_rank: 1)" and
-#: on the next line "  exitcode  : 3 (pid: 123)" (negative: killed by that signal).
-TORCHRUN_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
-#: Where torchrun's summary names the failure it observed first.
-TORCHRUN_ROOT_CAUSE = "Root Cause (first observed failure)"
-#: The warning logged as a rank that still runs is stopped after another failed: "Terminating
-#: process 123 via signal SIGTERM" (torch.multiprocessing's join, under elastic's function entry
-#: points: the warm agent), "Closing process 123 via signal SIGTERM" (elastic's close of the
-#: same), "Sending process 123 closing signal SIGTERM" (torchrun's command).
-TORCHRUN_CLOSED = re.compile(r"(?:(?:Terminating|Closing) process (\d+) via signal|Sending process (\d+) closing signal) "
-                             r"SIGTERM\b")
 
 
 #: torchrun's arguments for a job on this machine alone. ``--standalone`` starts the
@@ -235,12 +200,20 @@ class LocalTorchrun(Launcher):
 
     def shell_line(self, plan: JobPlan, argv: list[str], extra: dict[str, str] | None = None) -> str:
         """``cd PROJECT && env K=V ... ARGV``: `argv` as a terminal runs it, with the launch
-        environment a pasted command must repeat (`SHOWN_ENVIRONMENT`) and `extra`."""
+        environment a pasted command must repeat (`SHOWN_ENVIRONMENT`) and `extra`.
+
+        A torchrun command runs in a subshell with a temporary folder of its own, removed when
+        the subshell exits however torchrun ended: torchrun makes a ``torchelastic_*`` folder in
+        the temporary directory and never removes it (a notebook's job has its TMPDIR in the run
+        directory instead, removed by `stop`)."""
         env = self.environment(plan)
         shown = [f"{k}={env[k]}" for k in SHOWN_ENVIRONMENT if k in env]
         shown += [f"{k}={v}" for k, v in (extra or {}).items()]
         path = f'PATH={shlex.quote(INTERPRETER_BIN)}:"$PATH"'  # the shell expands $PATH: not quoted
-        return f"cd {shlex.quote(str(PROJECT_ROOT))} && env {path} {shlex.join([*shown, *argv])}"
+        if TORCHRUN_MODULE not in argv:
+            return f"cd {shlex.quote(str(PROJECT_ROOT))} && env {path} {shlex.join([*shown, *argv])}"
+        return (f"(cd {shlex.quote(str(PROJECT_ROOT))} && t=\"$(mktemp -d)\" && trap 'rm -rf \"$t\"' EXIT INT TERM && "
+                f"env TMPDIR=\"$t\" {path} {shlex.join([*shown, *argv])})")
 
     def argv(self, plan: JobPlan, run_dir: RunDir) -> list[str]:
         """The launcher's argument vector: this interpreter running torchrun's module."""
@@ -297,7 +270,8 @@ class LocalTorchrun(Launcher):
     def prepare(self, plan: JobPlan, run_dir: RunDir) -> dict[str, str]:
         """What every start needs once: the launch environment with a fresh launch token,
         TMPDIR inside the run directory (torchrun's ``torchelastic_*`` folders and the ranks'
-        temporary files go with `stop`), and no stale JIT build lock."""
+        temporary files go with `stop`), no stale JIT build lock and no stale shared-memory
+        buffer of DeepSpeed's (`utils.system.shm`)."""
         env = self.environment(plan)
         self.run_dir, self.world_size = run_dir, plan.spec.world_size
         self.extensions_dir = Path(env["TORCH_EXTENSIONS_DIR"])
@@ -308,11 +282,17 @@ class LocalTorchrun(Launcher):
         env[RUN_TOKEN_ENV] = self.token
         # A lock left by a build that was stopped midway makes every rank wait forever.
         removed = remove_stale_build_locks(self.extensions_dir)
-        if removed:
-            with open(run_dir.launcher_log(), "ab") as log:
+        # DeepSpeed's shared-memory buffers of jobs whose launcher could not remove them.
+        buffers, freed = remove_stale_buffers()
+        with open(run_dir.launcher_log(), "ab") as log:
+            if removed:
                 log.write(f"[workbook] removed stale JIT build lock(s) that no live process held "
                           f"(left by a build that was stopped midway): "
                           f"{', '.join(map(str, removed))}\n".encode())
+            if buffers:
+                log.write(f"[workbook] removed {len(buffers)} DeepSpeed shared-memory buffer(s) that no live "
+                          f"process held ({freed / 2 ** 20:.0f} MiB in /dev/shm, left by a job whose launcher "
+                          f"was killed or run by hand): {', '.join(buffers)}\n".encode())
         return env
 
     def spawn(self, node: int, argv: list[str], env: dict[str, str], log_path: Path) -> None:
@@ -405,50 +385,6 @@ class LocalTorchrun(Launcher):
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
         return torchrun_report(read_log(run_dir.launcher_log()), placed_pids(run_dir))
-
-
-def torchrun_report(log: str, pids: dict[int, int] | None = None) -> ExitReport:
-    """The failed ranks' exit codes and the root cause, from torchrun's closing summary, and
-    the ranks it closed with SIGTERM (`ExitReport.closed`; `pids`: pid -> rank, from the
-    ranks' placement files, since that line names a pid)."""
-    _, _, root_cause = log.partition(TORCHRUN_ROOT_CAUSE)
-    closed = {int(a or b) for a, b in TORCHRUN_CLOSED.findall(log)}
-    return ExitReport(exit_codes={int(r): int(c) for r, c in TORCHRUN_FAILURE.findall(log)},
-                      first_failed=tuple(int(r) for r, _ in TORCHRUN_FAILURE.findall(root_cause)),
-                      closed=tuple(sorted(pids[pid] for pid in closed if pid in (pids or {}))))
-
-
-def placed_pids(run_dir: RunDir, node: int | None = None) -> dict[int, int]:
-    """Pid -> rank, as the ranks recorded themselves in their placement files (those of node
-    `node` only, when given: pids repeat across hosts)."""
-    placed = {}
-    for path in run_dir.path.glob("node-rank*.json"):
-        rank = path.stem.removeprefix("node-rank")
-        info = run_dir.placement(int(rank)) if rank.isdigit() else None
-        if info and isinstance(info.get("pid"), int) and (node is None or info.get("node") == node):
-            placed[info["pid"]] = int(rank)
-    return placed
-
-
-def recorded_exit_report(run_dir: RunDir) -> ExitReport:
-    """The launcher's report as the run directory keeps it, for a reader of a finished run
-    (`utils.jobs.diagnose`): every torchrun log in it (``launcher.log``, or one
-    ``launcher-node{i}.log`` per node of a multi-node job), merged."""
-    nodes = (path.stem.removeprefix("launcher-node") for path in run_dir.path.glob("launcher-node*.log"))
-    logs = [(run_dir.launcher_log(), None)]
-    logs += [(run_dir.launcher_log(int(n)), int(n)) for n in sorted(nodes) if n.isdigit()]
-    reports = [torchrun_report(read_log(path), placed_pids(run_dir, node)) for path, node in logs if path.exists()]
-    return ExitReport(exit_codes={r: c for rep in reports for r, c in rep.exit_codes.items()},
-                      first_failed=tuple(r for rep in reports for r in rep.first_failed),
-                      closed=tuple(sorted({r for rep in reports for r in rep.closed})))
-
-
-def read_log(path: Path) -> str:
-    """A launcher log's text so far ("" while it does not exist yet)."""
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _ranks_below(pid: int, placed: dict[int, int]) -> dict[int, psutil.Process]:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 import psutil
 
 from utils.jobs.hosts import Node, is_local_host
-from utils.jobs.launchers import (RANK_PROGRAM, SHOWN_ENVIRONMENT, TORCHRUN_MODULE, ExitReport, Launcher,
-                                  LocalTorchrun, read_log, torchrun_report)
+from utils.jobs.exitreport import ExitReport, read_log, torchrun_report
+from utils.jobs.launchers import RANK_PROGRAM, SHOWN_ENVIRONMENT, TORCHRUN_MODULE, Launcher, LocalTorchrun
 from utils.jobs.rundir import NODE_HOST_ENV, RUN_TOKEN_ENV, RunDir, StatusSlot
+from utils.system import shm
 from utils.system.procs import end_process_tree
 
 if TYPE_CHECKING:
@@ -193,12 +194,25 @@ class DeepSpeedRunner(LocalTorchrun):
     def __init__(self, *, port: int | None = None):
         super().__init__()
         self.port = port or free_port()
+        self._buffers_of: tuple[str, int] | None = None
+        """(master address, port) of a start whose ranks make shared-memory buffers (`uses_shm`)."""
 
     def check(self, plan: JobPlan) -> None:
         if len(plan.nodes) > 1 and shutil.which("pdsh") is None:
             raise ValueError("DeepSpeed's runner starts the other hosts' ranks through pdsh, which is not installed "
                              "here (apt-get install pdsh; passwordless ssh to every host), or run each node's "
                              "command from spec.commands() on that node")
+        if uses_shm(plan):
+            space = shm.space_for(plan.spec.world_size)  # counting stale buffers as free: `prepare` removes them
+            if not space.enough:
+                mib = 2 ** 20
+                raise ValueError(
+                    f"/dev/shm 的空间不够 (not enough room in /dev/shm): DeepSpeed's CPU communication op gives "
+                    f"each of the {plan.spec.world_size} ranks a {shm.buffer_bytes() / mib:.0f} MiB shared-memory "
+                    f"buffer when DeepSpeed's runner starts them ({space.needed / mib:.0f} MiB in all) and "
+                    f"/dev/shm has {space.free / mib:.0f} MiB free; with less, the buffers are cut short. Give "
+                    "the container a bigger /dev/shm (docker run --shm-size=1g), or leave launcher at its default "
+                    "(torchrun: the op then uses no shared memory)")
 
     def _head(self, plan: JobPlan) -> str:
         host = plan.nodes[0].host
@@ -234,10 +248,24 @@ class DeepSpeedRunner(LocalTorchrun):
             keys = [*SHOWN_ENVIRONMENT, "DEEPSPEED_TIMEOUT", RUN_TOKEN_ENV]
             path.write_text("".join(f"{k}={env[k]}\n" for k in keys if env.get(k)), encoding="utf-8")
             env["DS_ENV_FILE"] = str(path)
+        if uses_shm(plan):
+            self._buffers_of = (self._head(plan), self.port)
         self.spawn(0, self.argv(plan, run_dir), env, run_dir.launcher_log())
+
+    def stop(self, grace: float = 3.0) -> None:
+        """Stop the ranks, then remove their shared-memory buffers (DeepSpeed never does)."""
+        super().stop(grace)
+        if self._buffers_of is not None:
+            shm.remove_job_buffers(*self._buffers_of)
 
     def exit_report(self, run_dir: RunDir) -> ExitReport:
         return ExitReport()  # launch.py logs the pids it kills, not which rank failed first
+
+
+def uses_shm(plan: JobPlan) -> bool:
+    """Whether the ranks DeepSpeed's runner starts for `plan` make shared-memory buffers
+    (`utils.system.shm`): on a CPU with every rank on one node (``LOCAL_SIZE`` = world size)."""
+    return plan.device == "cpu" and len(plan.nodes) == 1
 
 
 def _stages(plan: JobPlan, node: Node) -> list[int]:

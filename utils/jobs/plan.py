@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from utils.jobs.config import deepspeed_config
 from utils.jobs.hosts import Node, is_local_host, job_nodes
+from utils.jobs.rundir import runs_dir
 from utils.jobs.spec import JobSpec
 from utils.planning.partitioning import partition_layers, stage_costs
 from utils.profiling.profile import LayerProfile, profile_layers
 from utils.system.cpu import rank_threads
 from utils.system.devices import resolve_device
+from utils.system.diskspace import FULL_FIX, CheckpointDiskError, existing_ancestor, free_bytes, human
 from utils.workloads.models import Model, get_model
 
 
@@ -84,12 +87,15 @@ class JobPlan:
                 "nodes": [{"index": n.index, "host": n.host, "ranks": list(n.ranks)} for n in self.nodes]}
 
 
-def plan_job(spec: JobSpec) -> JobPlan:
+def plan_job(spec: JobSpec, *, directory: str | Path | None = None) -> JobPlan:
     """Check `spec` and decide device, profile and boundaries, once.
 
     Raises ValueError, saying what to change, for a spec that cannot run here (a CUDA job
     with more ranks than visible GPUs, say) before any profiling starts. With
-    ``partition="profile"`` this measures the layer profile unless it is cached.
+    ``partition="profile"`` this measures the layer profile unless it is cached. A
+    restart-mode job whose checkpoints cannot fit on the disk of `directory` (the folder its
+    run will be created in; `runs_dir()` when None) raises `CheckpointDiskError`
+    (`check_checkpoint_space`).
     """
     spec.check()
     model = get_model(spec.model, spec.model_options)
@@ -120,8 +126,9 @@ def plan_job(spec: JobSpec) -> JobPlan:
         profile = profile_for_job(spec, device=device)
     else:
         profile = profile_for_job(spec, device=device, measure=False)  # a prediction if cached
-    return JobPlan(spec=spec, model=model, device=device, profile=profile,
-                   boundaries=tuple(plan_boundaries(spec, model, profile)),
+    boundaries = tuple(plan_boundaries(spec, model, profile))
+    check_checkpoint_space(spec, model, boundaries, directory)
+    return JobPlan(spec=spec, model=model, device=device, profile=profile, boundaries=boundaries,
                    method=spec.partition if isinstance(spec.partition, str) else "explicit",
                    threads=rank_threads(here) if device == "cpu" else None, notes=tuple(notes), nodes=nodes)
 
@@ -144,6 +151,38 @@ def _lint(spec: JobSpec, device: str) -> list[str]:
                          "\n".join(f"  {f}" for f in errors) +
                          "\n(strict=False launches anyway, to see DeepSpeed's own error)")
     return [f"config {f}" for f in findings]
+
+
+def check_checkpoint_space(spec: JobSpec, model: Model, boundaries: tuple[int, ...],
+                           directory: str | Path | None = None) -> None:
+    """Refuse before launch a restart-mode job whose checkpoints obviously do not fit on the
+    disk of `directory` (`runs_dir()` when None): each move that changes the boundaries writes
+    one checkpoint, which holds at least every parameter (4 bytes each in fp32, 2 in bf16/fp16,
+    plus DeepSpeed's fp32 master copy) and, for Adam and the like, its two fp32 moments. A
+    lower bound (no headers, no margin): the ranks check again, with a margin, before they
+    save (`utils.runtime.restart.check_folder`)."""
+    if spec.repartition_mode != "restart" or not spec.repartition_at:
+        return
+    moves, current = 0, tuple(boundaries)
+    for step in sorted(spec.repartition_at):
+        target = tuple(spec.repartition_at[step])
+        if target != current:
+            moves, current = moves + 1, target
+    if not moves:
+        return
+    optimizer = str((deepspeed_config(spec).get("optimizer") or {}).get("type", "")).lower()
+    per_param = (4 if spec.precision == "fp32" else 2 + 4) + (8 if "adam" in optimizer or "lamb" in optimizer else 0)
+    params = sum(model.param_counts())
+    needed = moves * params * per_param
+    folder = existing_ancestor(directory if directory is not None else runs_dir())
+    free = free_bytes(folder)
+    if free < needed:
+        raise CheckpointDiskError(
+            f"磁盘空间不足，放不下重启模式的检查点：{moves} 次重启至少要写 {human(needed)}，{folder} 所在磁盘只剩 "
+            f"{human(free)} (not enough disk space for the restart-mode checkpoints: {moves} restart(s) write at "
+            f"least {human(needed)} — the model's {params:,} parameters at {per_param} bytes each with their "
+            f"optimizer state, per checkpoint — and the disk of {folder} has {human(free)} free; nothing was "
+            f"started). {FULL_FIX}", path=folder, reason="full")
 
 
 def plan_boundaries(spec: JobSpec, model: Model, profile: LayerProfile | None) -> list[int]:

@@ -17,7 +17,9 @@ One class owns every file name, so no other module spells one out. Layout of
 - ``checkpoints/``              restart mode: the checkpoint a restart resumes from, and
                                 ``restart.json`` (from which step, at which boundaries)
 - ``command.txt``               the command that runs the job by hand
-- ``status.json``               state, error, start and end, launcher pid, notes
+- ``status.json``               state, error, start and end, notes, and while it runs the
+                                launcher's pid and start time (``launcher_created``: a pid
+                                reused by another process is not taken for the launcher)
 - ``launcher.log``              what the launcher (torchrun, DeepSpeed's runner) printed;
                                 a multi-node torchrun job has one ``launcher-node{i}.log`` per
                                 node started here (that node's agent)
@@ -34,14 +36,18 @@ One class owns every file name, so no other module spells one out. Layout of
   ``memory-rank{r}.jsonl`` (per step: bytes in use as it started, after every traced
   instruction, and the peak; `utils.runtime.memory`),
   ``node-rank{r}.json`` (where it ran: node index, host, local rank, pid; written at start),
-  ``result-rank{r}.json`` on success,
+  ``result-rank{r}.json`` on success (with ``record_lines``: how many lines each of the
+  rank's JSON-lines files above holds, so that a reader tells a complete record from one cut
+  short later; `RunDir.record_problems`),
   ``error-rank{r}.json`` on failure,
   ``stacks-rank{r}.txt`` (every thread's Python stack, written by the rank's ``faulthandler``
   each time it gets `STACK_SIGNAL`: the launcher asks for them when a job hangs)
 
 Only the launcher writes ``state: "succeeded"``, and only after every rank wrote its result
 and the launcher process exited 0; a run whose launcher vanished reads back as
-``"incomplete"``, so a crashed or killed run never looks successful.
+``"incomplete"``, so a crashed or killed run never looks successful. A finished run's
+JSON-lines files are complete or say they are not: `RunDir.record_problems` names a file cut
+short (fewer lines than its rank wrote, a last line cut mid-write) or a damaged line.
 """
 
 from __future__ import annotations
@@ -57,8 +63,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from utils.system.fileio import read_json, read_jsonl, write_json
+from utils.analysis.report import PARTIAL  # what every reader says of a run with a RecordProblem
+from utils.system.fileio import JsonLines, read_json, read_jsonl, scan_jsonl, write_json
 from utils.system.paths import PROJECT_ROOT
+from utils.system.procs import process_alive, process_created
 
 RunState = Literal["running", "succeeded", "failed", "timeout", "stopped", "incomplete"]
 STATUS_BYTES = 128
@@ -91,6 +99,86 @@ class PartitionChange:
     step: int
     boundaries: tuple[int, ...]
     reason: str = ""
+
+
+# What one line of each JSON-lines record is (Chinese, English), for the messages.
+_LINE_NOUNS = {"events": ("个事件", "events"), "progress": ("步", "steps"), "memory": ("步", "steps"),
+               "layer_costs": ("步", "steps"), None: ("行", "lines")}
+
+
+@dataclass(frozen=True)
+class RecordProblem:
+    """One JSON-lines file of a run's record that is not as its writer left it.
+
+    ``kind`` is ``"truncated"`` (its last line is cut mid-write in a run that is no longer
+    running), ``"missing"`` (it holds fewer lines than its rank recorded writing: cut at a
+    line's end, or gone) or ``"damaged"`` (complete lines that are not JSON: skipped, the
+    rest of the file is read). A reader that finds one says the run's figures are partial
+    (`PARTIAL`) instead of computing them from what is left as if it were all.
+    """
+
+    path: Path
+    """The file."""
+    rank: int | None
+    """The rank that wrote it; None for a job-wide file (``partitions.jsonl`` ...)."""
+    kind: Literal["truncated", "missing", "damaged"]
+    record: str | None = None
+    """``"events"``, ``"progress"``, ``"memory"``, ``"layer_costs"`` (`RunDir.rank_records`);
+    None for a job-wide file."""
+    found: int = 0
+    """Complete lines in the file (damaged ones included)."""
+    expected: int | None = None
+    """Lines its rank recorded writing (``record_lines`` in its result); None when unknown
+    (no result: the rank failed or was killed, or a record older than this check)."""
+    lines: tuple[int, ...] = ()
+    """``"damaged"``: the 1-based numbers of the damaged lines."""
+    exists: bool = True
+    """Whether the file is there at all (a ``"missing"`` file may be gone entirely)."""
+
+    @property
+    def file(self) -> str:
+        return self.path.name
+
+    @property
+    def brief(self) -> str:
+        """A few words for one-line listings (a run's repr): ``events-rank1.jsonl: 103 of 138
+        events, last line cut mid-write``."""
+        noun = _LINE_NOUNS[self.record][1]
+        if self.kind == "damaged":
+            return f"{self.file}: damaged line(s) {_numbers(self.lines)}"
+        count = f"{self.found} of {self.expected} {noun}" if self.expected is not None else f"{self.found} {noun}"
+        if self.kind == "truncated":
+            return f"{self.file}: {count}, last line cut mid-write"
+        return f"{self.file}: {count}" + ("" if self.exists else " (the file is gone)")
+
+    def __str__(self) -> str:
+        zh_noun, noun = _LINE_NOUNS[self.record]
+        zh, en = ((f"rank {self.rank} 的 {self.file}", f"rank {self.rank}'s {self.file}") if self.rank is not None
+                  else (self.file, self.file))
+        numbers = _numbers(self.lines)
+        if self.kind == "damaged":
+            several = len(self.lines) > 1
+            return (f"{zh} 第 {numbers} 行已损坏（不是 JSON），已跳过，其余照常读取 "
+                    f"({'lines' if several else 'line'} {numbers} of {en} {'are' if several else 'is'} damaged, "
+                    f"not JSON: skipped, the rest is read; {self.path})")
+        if self.kind == "truncated" and self.expected is not None:
+            return (f"{zh} 被截断：写入的 {self.expected} {zh_noun}中只有 {self.found} 完整，最后一行只写了一半 "
+                    f"({en} is cut short: {self.found} of the {self.expected} {noun} its rank wrote are complete, "
+                    f"the last line is cut mid-write)")
+        if self.kind == "truncated":
+            return (f"{zh} 的最后一行只写了一半，已跳过，读到 {self.found} 行完整 "
+                    f"(the last line of {en} is cut mid-write: skipped; {self.found} complete {noun} read)")
+        if not self.exists:
+            return (f"{zh} 不见了：写入的 {self.expected} {zh_noun}都不在 "
+                    f"({en} is gone: none of the {self.expected} {noun} its rank wrote is there)")
+        return (f"{zh} 少了 {self.expected - self.found} {zh_noun}：写入的 {self.expected} {zh_noun}中只有 "
+                f"{self.found} 在 ({en} lacks {self.expected - self.found} {noun}: {self.found} of the "
+                f"{self.expected} {noun} its rank wrote are there)")
+
+
+def _numbers(lines: tuple[int, ...]) -> str:
+    shown = ", ".join(str(n) for n in lines[:5])
+    return shown + (f" … (+{len(lines) - 5})" if len(lines) > 5 else "")
 
 
 class RunDir:
@@ -186,6 +274,45 @@ class RunDir:
     def read_events(self, rank: int) -> list[dict]:
         return read_jsonl(self.events(rank))
 
+    def rank_records(self, rank: int) -> dict[str, Path]:
+        """The rank's JSON-lines records by name: what its result counts in ``record_lines``."""
+        return {"events": self.events(rank), "progress": self.progress_file(rank),
+                "memory": self.memory_file(rank), "layer_costs": self.layer_costs_file(rank)}
+
+    def job_records(self) -> list[Path]:
+        """The job-wide JSON-lines records (written by rank 0 while the job runs; not counted)."""
+        return [self.file(name) for name in (self.PARTITIONS, self.DECISIONS, self.MICRO_BATCHES)]
+
+    def scan_records(self, ranks) -> dict[Path, JsonLines]:
+        """Every JSON-lines record of `ranks` and of the job, read once (`scan_jsonl`)."""
+        paths = [path for rank in ranks for path in self.rank_records(rank).values()] + self.job_records()
+        return {path: scan_jsonl(path) for path in paths}
+
+    def record_problems(self, ranks, *, finished: bool,
+                        scans: dict[Path, JsonLines] | None = None) -> list[RecordProblem]:
+        """What is wrong with the JSON-lines records of `ranks` and of the job (`RecordProblem`),
+        by rank, then the job-wide files; empty for a complete record.
+
+        A damaged line is a problem whatever the run's state. Once the run is `finished` (not
+        running), a last line cut mid-write is too (while it runs, that is the line being
+        written), and so is a file with fewer lines than its rank's result says it wrote.
+        `scans`: the files already read by `scan_records`, so that they are not read twice.
+        """
+        ranks = list(ranks)
+        scans = scans if scans is not None else self.scan_records(ranks)
+        problems: list[RecordProblem] = []
+        for rank in ranks:
+            result = self.result(rank)
+            counted = result.get("record_lines") if isinstance(result, dict) else None
+            for record, path in self.rank_records(rank).items():
+                expected = counted.get(record) if isinstance(counted, dict) else None
+                problems += _problems(path, scans.get(path) or scan_jsonl(path), rank=rank, record=record,
+                                      expected=expected if isinstance(expected, int) else None, finished=finished)
+        for path in self.job_records():
+            problems += _problems(path, scans.get(path) or scan_jsonl(path), rank=None, record=None,
+                                  expected=None, finished=finished)
+        return problems
+
     def placement_file(self, rank: int) -> Path:
         return self.path / f"node-rank{rank}.json"
 
@@ -270,7 +397,21 @@ class RunDir:
         return status if isinstance(status, dict) else {}
 
     def write_status(self, **status) -> None:
+        """Write ``status.json``. A ``launcher_pid`` is recorded with that process's start time
+        (``launcher_created``, unless given): a reader then tells the launcher from another
+        process that got its pid later (`launcher_running`)."""
+        if status.get("launcher_pid") and "launcher_created" not in status:
+            status["launcher_created"] = process_created(status["launcher_pid"])
         write_json(self.file(self.STATUS), status, indent=2)
+
+    def launcher_running(self, status: dict[str, Any] | None = None) -> bool:
+        """Whether the process that launched this run (``status.json``'s ``launcher_pid``) still
+        runs: same pid, same start time, not a zombie. A status recorded without the start
+        time is judged by the pid alone (a zombie still counts as gone)."""
+        status = self.read_status() if status is None else status
+        created = status.get("launcher_created")
+        return process_alive(status.get("launcher_pid"),
+                             created=float(created) if isinstance(created, (int, float)) else None)
 
     def command(self) -> str:
         path = self.file(self.COMMAND)
@@ -278,6 +419,22 @@ class RunDir:
 
     def write_command(self, command: str) -> None:
         self.file(self.COMMAND).write_text(command + "\n", encoding="utf-8")
+
+
+def _problems(path: Path, scan: JsonLines, *, rank: int | None, record: str | None, expected: int | None,
+              finished: bool) -> list[RecordProblem]:
+    """The `RecordProblem`s of one file as `scan_jsonl` read it."""
+    found: list[RecordProblem] = []
+    if scan.damaged:
+        found.append(RecordProblem(path=path, rank=rank, kind="damaged", record=record, found=scan.lines,
+                                   expected=expected, lines=scan.damaged))
+    if finished and scan.tail:
+        found.append(RecordProblem(path=path, rank=rank, kind="truncated", record=record, found=scan.lines,
+                                   expected=expected))
+    elif finished and expected is not None and scan.lines < expected:
+        found.append(RecordProblem(path=path, rank=rank, kind="missing", record=record, found=scan.lines,
+                                   expected=expected, exists=scan.exists))
+    return found
 
 
 class StatusSlot:

@@ -4,6 +4,12 @@ The directory's files and their meaning are `utils.jobs.rundir.RunDir`'s busines
 reads them through it and never spells a file name out. Heavy parts (the timeline) load on
 first use, and a missing or corrupt record (a run killed while it was being created, a file
 edited by hand) reads as "unknown" instead of raising somewhere unrelated.
+
+A finished run's per-line records are complete or say they are not: a file cut short or a
+damaged line is a `RecordProblem` in `Run.record_problems`, shown in the run's repr (so in
+`list_runs`), as a note of its timeline's metrics and as a finding of `utils.diagnose`; what
+can be read is still read. A run reads "running" only while the very process that launched
+it runs (its pid and start time), so a reused pid or a zombie does not keep it "running".
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from utils.jobs.rundir import PartitionChange, RunDir, RunState, runs_dir
+from utils.analysis.report import PARTIAL
+from utils.jobs.rundir import PartitionChange, RecordProblem, RunDir, RunState, runs_dir
 from utils.jobs.spec import JobSpec
 from utils.planning.microbatching import MicroBatchDecision
 from utils.planning.rebalance import Decision
-from utils.system.procs import pid_alive
+from utils.system.fileio import JsonLines, scan_jsonl
 from utils.timeline import Event, Timeline
 from utils.workloads.presets import model_shape
 
@@ -51,7 +58,7 @@ class Run:
                              f"workbook ({exc}); it was written by another version or edited by hand") from None
         status = run_dir.read_status()
         state = status.get("state") or _unwatched_state(run_dir, spec)
-        if state == "running" and not pid_alive(status.get("launcher_pid")):
+        if state == "running" and not run_dir.launcher_running(status):
             state = "incomplete"
         return cls(path=run_dir.path, spec=spec, state=state, command=run_dir.command(),
                    error=status.get("error"), started=status.get("started", 0.0),
@@ -73,6 +80,34 @@ class Run:
     def ranks(self) -> range:
         return range(self.spec.world_size)
 
+    # --- how complete the record is ----------------------------------------------------------------
+    @cached_property
+    def _records(self) -> dict[Path, JsonLines]:
+        """Every per-line record of the run, read once (`RunDir.scan_records`)."""
+        return self.run_dir.scan_records(self.ranks)
+
+    @cached_property
+    def record_problems(self) -> tuple[RecordProblem, ...]:
+        """What is wrong with the run's per-line records: a file cut short (fewer lines than
+        its rank wrote, a last line cut mid-write once the run no longer runs) or a damaged
+        line (`utils.jobs.rundir.RecordProblem`). Empty for a complete record. Figures
+        computed from a run with problems are partial, and every reader says so."""
+        return tuple(self.run_dir.record_problems(self.ranks, finished=self.state != "running",
+                                                  scans=self._records))
+
+    @property
+    def partial(self) -> bool:
+        """Whether the record has `record_problems`: its figures rest on part of what ran."""
+        return bool(self.record_problems)
+
+    def _rows(self, path: Path) -> list[dict]:
+        """The rows of one per-line record: read once for a run that ended (its files no longer
+        change), afresh each time for a running one. Damaged lines and a cut last line are left
+        out (`record_problems` names them)."""
+        if self.state != "running" and path in self._records:
+            return list(self._records[path].rows)
+        return scan_jsonl(path).rows
+
     @cached_property
     def results(self) -> dict[int, dict]:
         """Per rank: stage, layer range, peak memory, device (only ranks that finished)."""
@@ -81,8 +116,9 @@ class Run:
 
     @cached_property
     def timeline(self) -> Timeline:
-        events = [Event(**row) for r in self.ranks for row in self.run_dir.read_events(r)]
+        events = [Event(**row) for r in self.ranks for row in self._rows(self.run_dir.events(r))]
         spec = self.spec
+        partial = [str(problem) for problem in self.record_problems]
         return Timeline(events=tuple(events), num_stages=spec.num_stages,
                         num_micro_batches=spec.micro_batches, source="measured",
                         micro_batch_size=spec.micro_batch_size, data_parallel=spec.data_parallel,
@@ -92,6 +128,7 @@ class Run:
                               "partitions": [(c.step, list(c.boundaries)) for c in self.partitions],
                               **({"micro_batch_tokens": self.micro_batch_tokens} if self.micro_batch_tokens else {}),
                               **({"nodes": self.nodes} if len(set(self.nodes.values())) > 1 else {}),
+                              **({"record_problems": partial} if partial else {}),
                               "device": self.device})
 
     @cached_property
@@ -108,7 +145,7 @@ class Run:
 
     def progress(self, rank: int = 0) -> list[dict]:
         """The per-step lines (step, loss, seconds) one rank wrote."""
-        return self.run_dir.progress(rank)
+        return self._rows(self.run_dir.progress_file(rank))
 
     @property
     def losses(self) -> list[float]:
@@ -177,7 +214,7 @@ class Run:
         that held it then (replicas averaged). Empty for jobs without a policy."""
         found: dict[int, dict[int, list[tuple[float, float]]]] = {}
         for rank in self.ranks:
-            for row in self.run_dir.layer_costs(rank):
+            for row in self._rows(self.run_dir.layer_costs_file(rank)):
                 for layer, value in row["layers"].items():
                     found.setdefault(row["step"], {}).setdefault(int(layer), []).append(tuple(value))
         return {step: {layer: tuple(sum(v[i] for v in values) / len(values) for i in range(2))
@@ -226,7 +263,7 @@ class Run:
         traced instruction (``after``, in the order of that rank's events of the step) and the
         step's ``peak``, with the reader's ``kind`` (`utils.runtime.memory`). A rank's list is
         empty where its device has no reader."""
-        return {rank: self.run_dir.memory(rank) for rank in self.ranks}
+        return {rank: self._rows(self.run_dir.memory_file(rank)) for rank in self.ranks}
 
     @property
     def step_memory(self) -> dict[int, int]:
@@ -275,8 +312,14 @@ class Run:
         return "\n".join(text.splitlines()[-tail:]) if tail else text
 
     def __repr__(self) -> str:
+        problems = self.record_problems
+        partial = ""
+        if problems:
+            by_rank = [f"{'rank ' + str(p.rank) + ' ' if p.rank is not None else ''}{p.brief}" for p in problems]
+            more = f"; +{len(by_rank) - 3} more" if len(by_rank) > 3 else ""
+            partial = f", record={PARTIAL}: {'; '.join(by_rank[:3])}{more}"
         return (f"Run({self.name!r}, state={self.state!r}, stages={self.spec.num_stages}, "
-                f"micro_batches={self.spec.micro_batches}, steps={len(self.losses)}/{self.spec.steps})")
+                f"micro_batches={self.spec.micro_batches}, steps={len(self.losses)}/{self.spec.steps}{partial})")
 
 
 def _unwatched_state(run_dir: RunDir, spec: JobSpec) -> RunState:
@@ -295,7 +338,9 @@ def list_runs(directory: str | Path | None = None) -> list[Run]:
     """Every readable run under `directory` (default `runs_dir()`), oldest first.
 
     A record this version cannot read (a spec cut short, one from another version) is
-    skipped with a warning that names its directory; `Run.load` on it says why.
+    skipped with a warning that names its directory; `Run.load` on it says why. A run whose
+    per-line records are cut short or damaged is listed: its row (repr) says its figures are
+    partial and names the files (`Run.record_problems`).
     """
     root = Path(directory) if directory else runs_dir()
     if not root.exists():
@@ -318,7 +363,8 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
 
     Only each record's spec is read until one matches, so a long ``runs/`` costs little;
     records whose spec this version cannot read (an older format, a half-written file) are
-    skipped, and so are failed, stopped and incomplete runs.
+    skipped, and so are failed, stopped and incomplete runs, and runs whose per-line
+    records are cut short or damaged (`Run.record_problems`: their figures are partial).
     """
     root = Path(directory) if directory else runs_dir()
     if not root.exists():
@@ -334,7 +380,7 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
             continue
         if _canonical(recorded) == wanted:
             run = Run.load(path)
-            if run.ok:
+            if run.ok and not run.partial:
                 return run
     return None
 

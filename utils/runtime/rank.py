@@ -35,6 +35,7 @@ from utils.jobs.spec import JobSpec
 from utils.runtime.faults import lift_memory_cap
 from utils.runtime.lifecycle import (RankExit, dump_stacks_on_signal, exit_with_parent, own_rank, record_placement,
                                      redirect_output)
+from utils.system.fileio import LineAppender
 
 
 @dataclass
@@ -69,6 +70,9 @@ class RankState:
     """The step training starts from: 0, or where a restart (`utils.runtime.restart`) resumes."""
     origin_wall: float | None = None
     """Wall-clock time of t = 0 (rank 0's), so a relaunched job continues the same time axis."""
+    record_lines: dict[str, int] = field(default_factory=dict)
+    """Lines in each of this rank's JSON-lines records (`RunDir.rank_records`), a restarted
+    job's earlier launch's included: in its result, so readers can tell a record cut short."""
     _costs_file: Any = None
 
     def build_engine(self, boundaries: Sequence[int]):
@@ -110,9 +114,9 @@ class RankState:
         from utils.runtime.dynamic import layer_costs_line
 
         if self._costs_file is None:
-            self._costs_file = open(self.run_dir.layer_costs_file(self.rank), "a", encoding="utf-8")
-        self._costs_file.write(layer_costs_line(step, costs) + "\n")
-        self._costs_file.flush()
+            self._costs_file = LineAppender(self.run_dir.layer_costs_file(self.rank))
+        self._costs_file.write([layer_costs_line(step, costs)])
+        self.record_lines["layer_costs"] = self._costs_file.lines
 
     @property
     def stage(self) -> int:
@@ -288,9 +292,9 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
     shift = state.tracer.origin - origin  # events queued before t = 0 was known (a restart's)
     state.pending_events = [replace(e, start=e.start + shift, end=e.end + shift) for e in state.pending_events]
     state.tracer.set_origin(origin)
-    run_dir, rank = state.run_dir, state.rank
-    with (open(run_dir.events(rank), "a") as events_file, open(run_dir.progress_file(rank), "a") as progress_file,
-          open(run_dir.memory_file(rank), "a") as memory_file):
+    files = state.run_dir.rank_records(state.rank)
+    with (LineAppender(files["events"]) as events_file, LineAppender(files["progress"]) as progress_file,
+          LineAppender(files["memory"]) as memory_file):
         for step in range(state.first_step, state.spec.steps):
             for hook in hooks:
                 hook.before_step(state, step)
@@ -301,14 +305,12 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
             events = state.pending_events + state.tracer.end_step()  # on GPU this synchronizes
             state.pending_events, state.last_events = [], events
             seconds = time.perf_counter() - started
-            events_file.write("".join(json.dumps(asdict(e)) + "\n" for e in events))
-            events_file.flush()
-            progress_file.write(json.dumps({"step": step, "loss": loss, "seconds": seconds}) + "\n")
-            progress_file.flush()
+            events_file.write(json.dumps(asdict(e)) for e in events)
+            progress_file.write([json.dumps({"step": step, "loss": loss, "seconds": seconds})])
             memory = state.memory.end_step(step)
             if memory is not None:
-                memory_file.write(json.dumps(memory) + "\n")
-                memory_file.flush()
+                memory_file.write([json.dumps(memory)])
+            state.record_lines.update(events=events_file.lines, progress=progress_file.lines, memory=memory_file.lines)
             for hook in hooks:
                 hook.after_step(state, step, loss, seconds)
 
@@ -330,7 +332,7 @@ def report(state: RankState) -> None:
         "rank": state.rank, "stage": state.stage, "replica": state.replica, "parts": parts,
         "layers": [parts[state.stage], parts[state.stage + 1]], "peak_memory_bytes": peak,
         "memory_kind": memory_kind, "device": state.device, "threads": torch.get_num_threads(),
-        "layer_fingerprints": fingerprints})
+        "layer_fingerprints": fingerprints, "record_lines": state.record_lines})
 
 
 def _common_origin() -> tuple[float, float]:

@@ -59,6 +59,35 @@ def pid_alive(pid: int | None) -> bool:
     return True
 
 
+def process_created(pid: int | None) -> float | None:
+    """The start time of process `pid` (`psutil.Process.create_time`), None when there is
+    none: with the pid, it names one process even after the pid is reused."""
+    try:
+        return psutil.Process(pid).create_time() if pid else None
+    except psutil.Error:
+        return None
+
+
+def process_alive(pid: int | None, *, created: float | None = None) -> bool:
+    """Whether process `pid` still runs: it exists, is not a zombie (killed, and not yet
+    reaped by its parent) and, when `created` is given, started then (its `create_time`
+    within a second of it: not another process that got the pid later). A process of
+    another user counts as running unless that can be told otherwise."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if created is not None and abs(proc.create_time() - created) >= 1.0:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess is one
+        return False
+    except psutil.AccessDenied:
+        return pid_alive(pid)
+    except psutil.Error:
+        return False
+
+
 def job_processes(path: str | os.PathLike) -> list[psutil.Process]:
     """Live processes of the job whose run directory is `path`, or of every job below `path`
     (a runs folder): its launcher and its ranks, and what they started.

@@ -76,7 +76,7 @@ KIND_NAMES: dict[str, str] = {
     "backward_weight": "反向·权重梯度", "load": "加载微批", "send_act": "发送激活",
     "recv_act": "接收激活", "send_grad": "发送梯度", "recv_grad": "接收梯度",
     "reduce_tied_grads": "归约共享权重梯度", "reduce_grads": "梯度归约", "optimizer_step": "优化器步",
-    "repartition": "重新划分",
+    "repartition": "重切分",
 }
 
 
