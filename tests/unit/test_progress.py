@@ -124,6 +124,25 @@ def test_a_file_gets_every_step_also_those_between_two_polls(job):
     assert len(lines) == 5 and "完成 (succeeded) · 3/3 steps" in lines[4]
 
 
+def test_the_line_names_a_dynamic_jobs_last_move(tmp_path):
+    """Issue 42: a learner watching a dynamic job sees the re-partition when it happens."""
+    from dataclasses import replace
+
+    from utils.jobs.rundir import PartitionChange
+
+    launcher = LocalTorchrun()
+    run_dir = RunDir.create("moving", tmp_path / "runs")
+    plan = plan_job(replace(SPEC, steps=6, repartition_at={2: (0, 1, 4)}))
+    job = RunningJob(plan, run_dir, launcher, launcher.command(plan, run_dir))
+    _add_step(job, 0)
+    assert "重切分" not in phase_text(job, job_phase(job))
+    run_dir.record_partition_change(PartitionChange(step=2, boundaries=(0, 1, 4), reason="repartition_at"))
+    _add_step(job, 1)
+    assert "· 重切分 (re-partition) @ step 2 → [0, 1, 4] · " in phase_text(job, job_phase(job))
+    run_dir.record_partition_change(PartitionChange(step=4, boundaries=(0, 3, 4), reason="repartition_at"))
+    assert "重切分（第 2 次） (re-partition) @ step 4 → [0, 3, 4]" in phase_text(job, job_phase(job))
+
+
 def _read_all(fd: int) -> bytes:
     """Everything a pty's leader received. The kernel hands a terminal's output over in chunks
     as it moves it, so one read can return only the first writes; read until the closed

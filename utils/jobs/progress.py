@@ -12,7 +12,9 @@ since launch:
 - ``compiling``              a build lock of a DeepSpeed op is held (`Launcher.building_ops`);
 - ``step 1/N running``       an engine exists (its status slot does) and trains its first step;
 - ``step k/N · loss · s/step``  after each step, from rank 0's progress file;
-- the end state              ``succeeded``, ``stopped``, ``failed``, ``timeout``.
+- the end state              ``succeeded``, ``stopped``, ``failed``, ``timeout``;
+
+and, for a dynamic job, its last re-partition (``@ step k → boundaries``) once it happened.
 
 `job_phase` reads the phase from the run directory and the launcher (any viewer can use
 it); `ProgressLine` shows it: one display updated in place in Jupyter (plain text, not a
@@ -54,6 +56,8 @@ class Phase:
     """The last finished step's wall time."""
     ops: tuple[str, ...] = ()
     """The ops being compiled (phase ``compiling``)."""
+    moves: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    """The re-partitions so far, ``(step, boundaries)`` each (a dynamic job's moves)."""
 
 
 def job_phase(job: RunningJob, rows: list[dict] | None = None) -> Phase:
@@ -63,7 +67,9 @@ def job_phase(job: RunningJob, rows: list[dict] | None = None) -> Phase:
     spec = job.spec
     elapsed = (job.ended or time.time()) - job.started
     last = rows[-1] if rows else None
-    common = {"elapsed": elapsed, "done": len(rows), "steps": spec.steps,
+    moves = tuple((c.step, tuple(c.boundaries)) for c in job.run_dir.partition_changes()) \
+        if spec.repartition_at or spec.rebalance is not None else ()
+    common = {"elapsed": elapsed, "done": len(rows), "steps": spec.steps, "moves": moves,
               "loss": last["loss"] if last else None, "seconds_per_step": last["seconds"] if last else None}
     if job.state != "running":
         return Phase(job.state, **common)
@@ -94,6 +100,10 @@ def phase_text(job: RunningJob, phase: Phase) -> str:
     else:
         what = f"{_END_WORDS.get(phase.name, phase.name)} · {phase.done}/{phase.steps} steps"
         clock = f"共 {clock} (total)"
+    if phase.moves:  # a dynamic job: its last move, where a learner watching the line sees it
+        step, boundaries = phase.moves[-1]
+        count = f"（第 {len(phase.moves)} 次）" if len(phase.moves) > 1 else ""
+        what += f" · 重切分{count} (re-partition) @ step {step} → {list(boundaries)}"
     return f"{head} · {what} · {clock}"
 
 
