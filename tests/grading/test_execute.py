@@ -76,3 +76,38 @@ def test_a_cell_that_dies_in_replay_is_dropped_and_the_replay_starts_over(tmp_pa
     assert _printed(outcomes)[4] == "state 41 1\n"  # x was set before the dropped cell: replayed again
     assert sum("restarting" in line for line in log) == 1
     assert sum("replay:" in line and "dead" in line for line in log) == 1
+
+
+def test_the_kernel_cannot_write_into_the_graders_log(tmp_path):
+    """Issue 37, point 7: a grading worker sends its stdout and stderr to the instructor's log
+    (`batch._child`), and a kernel started with inherited descriptors 1 and 2 could append a
+    forged line to it. The kernel's own descriptors 1 and 2 now lead nowhere the grader reads."""
+    import subprocess
+    import sys
+    import textwrap
+
+    log, result = tmp_path / "instructor.log", tmp_path / "result.txt"
+    script = textwrap.dedent(f"""
+        import asyncio, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from utils.grading.execute import Cell, kernel_env, run_cells
+        from utils.grading.sandbox import Limits
+        log = open({str(log)!r}, "a", buffering=1)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        print("grader: started", flush=True)
+        code = ("import os\\n"
+                "os.write(1, b'FORGED: no errors\\\\n'); os.write(2, b'FORGED: no errors\\\\n')\\n"
+                "print(sorted(os.readlink(f'/proc/self/fd/{{fd}}') for fd in (0, 1, 2)))")
+        work = {str(tmp_path / "work")!r}
+        os.makedirs(work)
+        outcome, = asyncio.run(run_cells([Cell(code, 60)], __import__("pathlib").Path(work),
+                                         kernel_env(__import__("pathlib").Path(work), {str(ROOT)!r}), Limits()))
+        open({str(result)!r}, "w").write(outcome.status + "\\n" + "".join(o.get("text", "") for o in outcome.outputs))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, log.read_text()[-3000:]
+    status, fds = result.read_text().split("\n", 1)
+    print("the kernel's descriptors 0-2:", fds.strip())
+    assert status == "ok" and str(log) not in fds
+    assert "FORGED" not in log.read_text() and "grader: started" in log.read_text()

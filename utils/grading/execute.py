@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -285,8 +286,12 @@ class KernelSession:
         self.client.output_budget = self.outputs
         env = {**self.env, STREAM_ENV: str(self.budget.stream_kib)}
         self._stack = contextlib.AsyncExitStack()
+        # The kernel's descriptors 1 and 2 lead nowhere: inherited, they would be the grading
+        # worker's, i.e. the instructor's log, and a submission could write into it. What the
+        # kernel prints reaches the grader through its messages (and the output budget) only.
         await self._stack.enter_async_context(
-            self.client.async_setup_kernel(env=env, cleanup_kc=True))
+            self.client.async_setup_kernel(env=env, cleanup_kc=True, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL))
         self._pid = getattr(km.provisioner, "pid", None)
         if self.contained is not None:
             self.contained.own(self._pid)
