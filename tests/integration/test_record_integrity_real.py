@@ -4,7 +4,8 @@ and the same record cut short afterwards reads as partial."""
 
 from __future__ import annotations
 
-import psutil
+import os
+
 import pytest
 
 from tests.helpers import SMALL_GPT
@@ -12,6 +13,7 @@ from utils import JobSpec, Run, start_job
 from utils.analysis.report import PARTIAL
 from utils.jobs.diagnose import diagnose
 from utils.system.fileio import scan_jsonl
+from utils.system.procs import process_created
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.integration
 def test_a_real_record_is_counted_and_a_cut_one_reads_as_partial(runs_root):
     job = start_job(JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=3, name="counted"))
     status = job.run_dir.read_status()
-    assert status["launcher_created"] == psutil.Process().create_time()
+    assert status["launcher_created"] == process_created(os.getpid())
     assert Run.load(job.path).state in ("running", "succeeded")  # not "incomplete": the launcher is this process
     run = job.wait()
     assert run.ok and run.record_problems == ()

@@ -25,7 +25,7 @@ from utils.analysis.report import PARTIAL
 from utils.jobs.diagnose import diagnose
 from utils.jobs.rundir import RunDir
 from utils.system.fileio import LineAppender, scan_jsonl
-from utils.system.procs import process_alive
+from utils.system.procs import process_alive, process_created
 
 SPEC = JobSpec(**SMALL_GPT, num_stages=2, micro_batches=4, steps=3, name="record")
 
@@ -202,14 +202,14 @@ def _status(rd: RunDir, **fields) -> None:
 
 def test_the_launchers_start_time_is_recorded_with_its_pid(tmp_path):
     rd = _record(tmp_path, state="running", launcher_pid=os.getpid())
-    assert rd.read_status()["launcher_created"] == psutil.Process().create_time()
+    assert rd.read_status()["launcher_created"] == process_created(os.getpid())
     assert Run.load(rd.path).state == "running"
 
 
 def test_a_reused_launcher_pid_does_not_keep_a_run_running(tmp_path):
     rd = _record(tmp_path, state="running")
     me = psutil.Process()
-    _status(rd, launcher_pid=me.pid, launcher_created=me.create_time() - 3600)  # its pid, another process
+    _status(rd, launcher_pid=me.pid, launcher_created=process_created(me.pid) - 3600)  # its pid, another process
     assert Run.load(rd.path).state == "incomplete"
     assert [r.state for r in list_runs(tmp_path)] == ["incomplete"]
     _status(rd, launcher_pid=me.pid)  # recorded before the start time was: judged by the pid, as before
@@ -221,7 +221,7 @@ def test_a_zombie_launcher_does_not_keep_a_run_running(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         proc = psutil.Process(child.pid)
-        created = proc.create_time()
+        created = process_created(child.pid)
         deadline = time.monotonic() + 30
         while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:  # exited, not reaped
             time.sleep(0.05)
@@ -233,3 +233,21 @@ def test_a_zombie_launcher_does_not_keep_a_run_running(tmp_path):
         assert Run.load(rd.path).state == "incomplete"
     finally:
         child.wait()
+
+
+def test_the_start_stamp_does_not_move_with_the_clock(monkeypatch):
+    """psutil's create_time adds the boot time of /proc/stat, a whole second derived from the
+    wall clock: after a clock adjustment a fresh rank read its notebook's create_time one
+    second off and exited ("the process that launched this job is gone"), in a CI run.
+    The stamp the launcher records and the ranks compare does not include it."""
+    from psutil import _pslinux
+
+    me = os.getpid()
+    stamp, wall = process_created(me), psutil.Process(me).create_time()
+    boot = wall - stamp
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: boot + 1)  # the clock was adjusted meanwhile
+    assert psutil.Process(me).create_time() != wall  # the clock-derived figure moved by a second
+    assert process_created(me) == stamp
+    from utils.system.procs import same_process
+
+    assert same_process(me, stamp) and not same_process(me, stamp + 1)

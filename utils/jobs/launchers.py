@@ -33,7 +33,7 @@ from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_
 from utils.system.extensions import LOCK_NAME, build_locks, extensions_dir, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
 from utils.system.private_apis import warm_start
-from utils.system.procs import end_process_tree, job_processes
+from utils.system.procs import end_process_tree, job_processes, process_created
 from utils.system.shm import remove_stale_buffers
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class LocalTorchrun(Launcher):
         env["DEEPSPEED_TIMEOUT"] = str(int(plan.spec.timeout // 60) + 2)
         # The ranks exit when this process is gone (a killed notebook, a script that ended).
         env[LAUNCHER_PID_ENV] = str(os.getpid())
-        env[LAUNCHER_CREATED_ENV] = repr(psutil.Process().create_time())
+        env[LAUNCHER_CREATED_ENV] = repr(process_created(os.getpid()))
         if plan.device == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
             env["OMP_NUM_THREADS"] = str(plan.threads)

@@ -75,7 +75,7 @@ STATUS_BYTES = 128
 LAUNCHER_PID_ENV = "WORKBOOK_LAUNCHER_PID"
 """Pid of the process that launched the job (the notebook); ranks exit when it is gone."""
 LAUNCHER_CREATED_ENV = "WORKBOOK_LAUNCHER_CREATED"
-"""Its `psutil.Process.create_time`, so that a reused pid is not taken for it."""
+"""Its start stamp (`utils.system.procs.process_created`), so that a reused pid is not taken for it."""
 NODE_HOST_ENV = "WORKBOOK_NODE_HOST"
 """The host name the launcher gave the rank's node (a loopback address when two "nodes" share
 one machine, whose host name is then the same for both)."""

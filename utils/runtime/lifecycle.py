@@ -15,6 +15,7 @@ import time
 import psutil
 
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, NODE_HOST_ENV, STACK_SIGNAL, RunDir
+from utils.system.procs import same_process
 
 
 def own_rank() -> int:
@@ -108,7 +109,7 @@ def launcher_watch():
     try:
         launcher = psutil.Process(pid)
         # Gone before this rank started, and its pid reused since: not our launcher.
-        same = abs(launcher.create_time() - created) < 1.0
+        same = same_process(pid, created)
     except psutil.Error:
         same = False
     if not same:

@@ -60,24 +60,43 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def process_created(pid: int | None) -> float | None:
-    """The start time of process `pid` (`psutil.Process.create_time`), None when there is
-    none: with the pid, it names one process even after the pid is reused."""
+    """When process `pid` started, as a stamp that names one process even after its pid is
+    reused; None when there is none. On Linux: seconds since boot, from the ``starttime``
+    field of ``/proc/<pid>/stat``, which no clock adjustment moves. psutil's `create_time`
+    adds ``/proc/stat``'s boot time, a whole second that the kernel derives from the wall
+    clock: once the clock had been adjusted, a rank read its notebook's create_time one
+    second off the one recorded at launch, took the notebook for gone and exited, and so did
+    every later job of that kernel (a CI run). Elsewhere: `create_time`."""
+    if not pid:
+        return None
     try:
-        return psutil.Process(pid).create_time() if pid else None
+        with open(f"/proc/{int(pid)}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()  # the name may hold spaces and ")"
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the file, in clock ticks
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
 
 
+def same_process(pid: int | None, created: float | None) -> bool:
+    """Whether `pid` is still the process whose `process_created` stamp was `created`."""
+    now = process_created(pid)
+    return now is not None and created is not None and abs(now - created) < 0.5
+
+
 def process_alive(pid: int | None, *, created: float | None = None) -> bool:
     """Whether process `pid` still runs: it exists, is not a zombie (killed, and not yet
-    reaped by its parent) and, when `created` is given, started then (its `create_time`
-    within a second of it: not another process that got the pid later). A process of
-    another user counts as running unless that can be told otherwise."""
+    reaped by its parent) and, when `created` is given, is the process of that
+    `process_created` stamp (not another one that got the pid later). A process of another
+    user counts as running unless that can be told otherwise."""
     if not pid:
         return False
     try:
         proc = psutil.Process(pid)
-        if created is not None and abs(proc.create_time() - created) >= 1.0:
+        if created is not None and not same_process(pid, created):
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:  # ZombieProcess is one
