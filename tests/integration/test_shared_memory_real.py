@@ -39,7 +39,6 @@ def _ended_watching(job, *, stop: bool = False) -> set[str]:
     while job.poll() == "running" and time.time() < deadline:
         held |= shm.mapped_shm_files(pids=[p.pid for p in job_processes(job.path)])
         if stop and all(job.run_dir.status_slot(r).exists() for r in range(2)):
-            held |= shm.mapped_shm_files(pids=[p.pid for p in job_processes(job.path)])
             job.stop()
         time.sleep(0.1)
     return held
