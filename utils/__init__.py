@@ -59,6 +59,7 @@ _API: dict[str, tuple[str, ...]] = {
     # 9. See it: plotly figures and notebook widgets.
     "utils.ui.plots": ("plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory"),
     "utils.ui.rebalance_plots": ("plot_partition_history",),
+    "utils.ui.decisions": ("decision_table",),
     "utils.ui.topology_plots": ("plot_rank_grid",),
     "utils.ui.widgets": ("RunPanel",),
     "utils.ui.explorer": ("TimelineExplorer",),

@@ -36,7 +36,7 @@ FROZEN = {
     "boundary_links", "BoundaryLink",
     # 8. Pictures and widgets
     "plot_timeline", "compare_timelines", "plot_stage_breakdown", "plot_sweep", "plot_memory",
-    "plot_partition_history", "plot_rank_grid",
+    "plot_partition_history", "decision_table", "plot_rank_grid",
     "RunPanel", "TimelineExplorer", "set_language", "get_language",
 }
 

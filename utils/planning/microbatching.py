@@ -35,6 +35,8 @@ Batching = Literal["fixed", "pad-to-max", "sorted", "token-budget"]
 """``"fixed"``: every sample has the model's full length (no padding; the default)."""
 BATCHING_METHODS: tuple[str, ...] = get_args(Batching)
 MAX_SAMPLES_PER_STEP = 256
+MICRO_BATCH_OUTCOMES: tuple[str, ...] = ("too-few-measurements", "already-fastest", "below-min-gain", "change")
+"""What a look of a `MicroBatchPolicy` can decide (`MicroBatchDecision.outcome`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +199,28 @@ class MicroBatchDecision:
     @property
     def change(self) -> bool:
         return self.chosen != self.current
+
+    @property
+    def fastest(self) -> int | None:
+        """The count predicted fastest (ties: the smaller); None without predictions."""
+        return min(self.predicted, key=lambda m: (self.predicted[m], m)) if self.predicted else None
+
+    @property
+    def outcome(self) -> str:
+        """Which rule of `choose_micro_batches` decided, one of `MICRO_BATCH_OUTCOMES`."""
+        if not self.predicted:
+            return "too-few-measurements"
+        if self.change:
+            return "change"
+        return "already-fastest" if self.fastest == self.current else "below-min-gain"
+
+    @classmethod
+    def too_few_measurements(cls, step: int, current: int) -> MicroBatchDecision:
+        """The look before `step` when no step at `current` micro-batches was measured since
+        the costs or the count last changed: stay."""
+        return cls(step, current, current, {}, 0.0,
+                   f"not enough measurements at {current} micro-batches since the last change of costs "
+                   "(a freeze, a new engine) or count: stay")
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "step": self.step, "current": self.current, "chosen": self.chosen,

@@ -35,10 +35,17 @@ from utils.planning.schedules import build_schedule
 from utils.planning.simulator import simulate
 
 __all__ = ["Rebalance", "LayerCosts", "Decision", "decide", "moved_layers",
-           "estimate_migration_seconds", "REBALANCE_SCHEDULES"]
+           "estimate_migration_seconds", "REBALANCE_SCHEDULES", "OUTCOMES", "MIGRATION_SOURCES"]
 
 REBALANCE_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe")
 """Schedules a re-balancing job runs (the ones DeepSpeed's engine runs, see `JobSpec`)."""
+
+OUTCOMES: tuple[str, ...] = ("too-few-measurements", "already-balanced", "below-min-gain", "no-payback", "move")
+"""What a look can decide, one per rule of `decide`, in the order the rules are tried."""
+
+MIGRATION_SOURCES: tuple[str, ...] = ("measured", "assumed", "estimated")
+"""Where a decision's migration cost came from: the job's last move, measured; a figure given
+(``Rebalance.migration_seconds``, or a caller of `decide`); `estimate_migration_seconds`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,14 +168,21 @@ class Decision:
     remaining_steps: int
     """Steps left after this look."""
     migration_seconds: float
-    """The migration cost assumed."""
+    """The migration cost the look weighed the saving against (seconds)."""
     migrate: bool
     """Whether to move to `candidate` now."""
     reason: str
-    """One English sentence with the figures that decided."""
+    """One English sentence with the figures that decided (`utils.ui.decisions` shows it in
+    the chosen language)."""
     num_micro_batches: int | None = None
     """The micro-batch count the simulator compared the two partitions at: the count the
     measured steps ran (None in records made before it was kept)."""
+    outcome: str | None = None
+    """Which rule decided, one of `OUTCOMES` (read from `reason` in records made before it
+    was kept)."""
+    migration_source: str | None = None
+    """Where `migration_seconds` came from, one of `MIGRATION_SOURCES` (None in records made
+    before it was kept)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -176,19 +190,23 @@ class Decision:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:
         data = _known(cls, data)
+        if data.get("outcome") is None:
+            data["outcome"] = _outcome_of(data["reason"], data["migrate"])
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 def decide(observations: Sequence[LayerCosts], *, step: int, boundaries: Sequence[int],
            policy: Rebalance, schedule: str, num_micro_batches: int, step_seconds: Sequence[float],
-           remaining_steps: int, migration_seconds: float, comm: float = 0.0) -> Decision:
+           remaining_steps: int, migration_seconds: float, migration_source: str = "assumed",
+           comm: float = 0.0) -> Decision:
     """Decide, before step `step`, whether to move from `boundaries` to the exact balance.
 
     `observations` are the per-layer costs of measured steps in step order, all before `step`;
     `step_seconds` the measured wall times of recent steps under `boundaries`, oldest first.
     The last ``policy.window`` of each are used. `migration_seconds` is the cost of a move
-    (`Rebalance.migration_seconds`, `estimate_migration_seconds` or the last one measured);
-    `comm` the simulator's activation hand-over latency. The rules, in order, each "stay"
+    (`Rebalance.migration_seconds`, `estimate_migration_seconds` or the last one measured),
+    `migration_source` which of those it is (one of `MIGRATION_SOURCES`, kept with the
+    decision so that a table can label it); `comm` the simulator's activation hand-over latency. The rules, in order, each "stay"
     with its own reason: fewer than ``window`` measurements; the candidate is `boundaries`;
     the predicted saving is below ``min_gain`` of the step; the saving over
     `remaining_steps` is below ``payback`` × `migration_seconds`. Otherwise migrate.
@@ -199,6 +217,8 @@ def decide(observations: Sequence[LayerCosts], *, step: int, boundaries: Sequenc
     remaining = validation.count("remaining_steps", remaining_steps, minimum=0)
     migration = _non_negative("migration_seconds", migration_seconds)
     comm = _non_negative("comm", comm)
+    if migration_source not in MIGRATION_SOURCES:
+        raise ValueError(f"migration_source must be one of {MIGRATION_SOURCES}, got {migration_source!r}")
     if schedule not in REBALANCE_SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; a re-balancing job runs one of {REBALANCE_SCHEDULES}")
     times = [_non_negative("step_seconds", t) for t in step_seconds]
@@ -221,13 +241,13 @@ def decide(observations: Sequence[LayerCosts], *, step: int, boundaries: Sequenc
                                           n_layers=len(obs[0].forward) if obs else boundaries[-1]))
     measured = statistics.median(times[-policy.window:]) if times else 0.0
     base = dict(step=step, boundaries=current, remaining_steps=remaining, migration_seconds=migration,
-                num_micro_batches=m)
+                migration_source=migration_source, num_micro_batches=m)
 
     if len(obs) < policy.window or len(times) < policy.window:
         return Decision(**base, candidate=current, layer_forward=(), layer_backward=(), stage_costs=(),
                         candidate_stage_costs=(), measured_step_seconds=measured,
                         predicted_step_seconds=measured, saving_per_step=0.0, migrate=False,
-                        reason=f"not enough measurements: {len(obs)} per-layer costs and {len(times)} step "
+                        outcome="too-few-measurements", reason=f"not enough measurements: {len(obs)} per-layer costs and {len(times)} step "
                                f"times of the {policy.window} the look uses")
 
     recent = obs[-policy.window:]
@@ -240,7 +260,7 @@ def decide(observations: Sequence[LayerCosts], *, step: int, boundaries: Sequenc
                 candidate_stage_costs=tuple(stage_costs(total, candidate)), measured_step_seconds=measured)
     if candidate == current:
         return Decision(**base, predicted_step_seconds=measured, saving_per_step=0.0, migrate=False,
-                        reason=f"already balanced: the exact min-max partition of the measured costs is "
+                        outcome="already-balanced", reason=f"already balanced: the exact min-max partition of the measured costs is "
                                f"the one in force {list(current)} (slowest stage "
                                f"{_time(max(base['stage_costs']))} per micro-batch)")
 
@@ -253,15 +273,15 @@ def decide(observations: Sequence[LayerCosts], *, step: int, boundaries: Sequenc
     base.update(predicted_step_seconds=predicted, saving_per_step=saving)
     said = f"predicted saving {gain:.1%} per step ({_time(saving)})"
     if gain < policy.min_gain:
-        return Decision(**base, migrate=False,
+        return Decision(**base, migrate=False, outcome="below-min-gain",
                         reason=f"{said} is below min_gain {policy.min_gain:.1%}: within measurement noise, "
                                f"stay at {list(current)}")
     payoff, cost = saving * remaining, policy.payback * migration
     sums = f"{said} × {remaining} steps = {_time(payoff)}"
     if payoff <= 0 or payoff < cost:
-        return Decision(**base, migrate=False,
+        return Decision(**base, migrate=False, outcome="no-payback",
                         reason=f"would not pay back: {sums} < {policy.payback} × migration {_time(migration)}")
-    return Decision(**base, migrate=True,
+    return Decision(**base, migrate=True, outcome="move",
                     reason=f"{sums} ≥ {policy.payback} × migration {_time(migration)}: move "
                            f"{list(current)} -> {list(candidate)}")
 
@@ -318,6 +338,17 @@ def _non_negative(name: str, value: object) -> float:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return value
+
+
+def _outcome_of(reason: str, migrate: bool) -> str:
+    """The rule behind a recorded `reason` (records made before `Decision.outcome` was kept)."""
+    if migrate:
+        return "move"
+    for prefix, outcome in (("not enough measurements", "too-few-measurements"),
+                            ("already balanced", "already-balanced"), ("would not pay back", "no-payback")):
+        if reason.startswith(prefix):
+            return outcome
+    return "below-min-gain"
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -134,9 +134,7 @@ class MicroBatching:
                     measured_step_seconds=median(seconds), policy=self.policy,
                     overhead_samples=OVERHEAD_TOKENS / state.model.seq_len)
             else:
-                decision = MicroBatchDecision(step, self.count, self.count, {}, 0.0,
-                                              f"not enough measurements at {self.count} micro-batches since the last "
-                                              "change of costs (a freeze, a new engine) or count: stay")
+                decision = MicroBatchDecision.too_few_measurements(step, self.count)
             state.run_dir.record_decision(decision.to_dict())
             chosen = [decision.chosen]
         dist.broadcast_object_list(chosen, src=0)
@@ -224,32 +222,34 @@ class Repartitioner:
             # same count); the spec's count is only the starting one under token-budget batching.
             count = round(median(self.step_counts)) if self.step_counts else state.spec.micro_batches
 
-            def look(migration_seconds: float) -> Decision:
+            def look(migration_seconds: float, source: str = "assumed") -> Decision:
                 return decide(_merge(gathered, state.model.num_layers), step=step,
                               boundaries=state.boundaries, policy=self.policy, schedule=state.spec.schedule,
                               num_micro_batches=count,
                               step_seconds=[max(times) for times in zip(*(g[1] for g in gathered))],
-                              remaining_steps=state.spec.steps - step, migration_seconds=migration_seconds)
+                              remaining_steps=state.spec.steps - step, migration_seconds=migration_seconds,
+                              migration_source=source)
 
             # The cost of a move depends on what moves: find the candidate first, then price it.
-            decision = look(self._migration_cost(state, gathered, look(0.0).candidate))
+            decision = look(*self._migration_cost(state, gathered, look(0.0).candidate))
             state.run_dir.record_decision(decision.to_dict())
         shared = [decision.to_dict() if decision else None]
         dist.broadcast_object_list(shared, src=0)
         return Decision.from_dict(shared[0])
 
-    def _migration_cost(self, state, gathered, candidate) -> float:
+    def _migration_cost(self, state, gathered, candidate) -> tuple[float, str]:
+        """The cost of moving to `candidate` and where it comes from (`MIGRATION_SOURCES`)."""
         measured = [g[2] for g in gathered if g[2] is not None]
         if measured:
-            return max(measured)
+            return max(measured), "measured"
         if self.policy.migration_seconds is not None:
-            return self.policy.migration_seconds
+            return self.policy.migration_seconds, "assumed"
         # Before any move: the measured rebuild (`_calibrate`), plus the state that would
         # travel (parameters and, carried, two Adam moments each) at an assumed speed.
         share = 3 if state.spec.repartition_optimizer == "remap" else 1
         moved = sum(self._param_bytes[layer] * share for layer, _, _ in moved_layers(state.boundaries, candidate))
         return estimate_migration_seconds(moved_bytes=moved, rebuild_seconds=max(g[3] for g in gathered),
-                                          bytes_per_second=ASSUMED_BYTES_PER_SECOND[state.device])
+                                          bytes_per_second=ASSUMED_BYTES_PER_SECOND[state.device]), "estimated"
 
     # --- moving -------------------------------------------------------------------------------
     def _move(self, state, step: int, target: tuple[int, ...], reason: str) -> None:
