@@ -15,6 +15,9 @@ cells from the Run menu.
 * `utils.run_job` in a scratch notebook (written into the server's root, removed after): its
   one live line names the phase with elapsed seconds, ■ ends the job with one line and no
   traceback or process left, a finished run ends on "完成 (succeeded) · 3/3 steps".
+* A dynamic job in a Chinese run panel (scratch notebook): the controls show its freezing and
+  re-balancing policy; after Run the title carries the partition history, the decision log is
+  a Chinese table, the partition-history plot is drawn and the move is marked on the slider.
 
 Screenshots are saved under ``artifacts/`` (kept by CI as test artifacts).
 
@@ -501,4 +504,88 @@ def test_run_job_progress_stop_and_final_line(jupyterlab, page):
         raise
     finally:
         page.goto("about:blank")  # no autosave brings the scratch notebook back
+        path.unlink(missing_ok=True)
+
+
+# --- a dynamic job in the run panel ----------------------------------------------------------------
+DYNAMIC_NOTEBOOK = "dynamic_panel.ipynb"   # written by the test into the server's root, removed after
+
+
+def _dynamic_notebook() -> nbformat.NotebookNode:
+    """A Chinese RunPanel set up for a job that freezes its first half at step 2 and lets the
+    policy move the boundary (tests/integration/test_rebalance_real.py's policy job, shorter):
+    a frozen stage 0 only runs forwards, about a third of stage 1, so the min-max boundary
+    moves right; payback is lowered because a model this small saves milliseconds per step."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    model = {**SMALL_GPT, "model_options": {**SMALL_GPT["model_options"], "blocks": 10, "hidden": 96}}
+    spec = dict(model, num_stages=2, micro_batches=4, steps=8, partition=[0, 6, 12], freeze_at={2: 6},
+                device="cpu", timeout=300, name="dynamic-panel")
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import utils\n"
+        "utils.set_language('zh')\n"
+        f"spec = utils.JobSpec(**{spec!r}, rebalance=utils.Rebalance(every=2, window=2, min_gain=0.05, payback=0.02))\n"
+        "panel = utils.RunPanel(spec)\n"
+        "panel")]
+    return nb
+
+
+def test_a_dynamic_job_in_the_panel_shows_its_moves(jupyterlab, page):
+    """Issue 42: the panel's dynamic controls show the job's freezing and policy; Run trains it
+    for real; the title carries the partition history, the decision log is a Chinese table, the
+    partition-history plot is drawn and the slider marks the move. Screenshots:
+    dynamic-panel-controls.png, dynamic-panel.png, dynamic-panel-move-step.png."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    runs, path = jupyterlab["runs"], jupyterlab["root"] / DYNAMIC_NOTEBOOK
+    nbformat.write(_dynamic_notebook(), path)
+    try:
+        page.goto(f"{jupyterlab['url']}/lab/workspaces/dynamic/tree/{DYNAMIC_NOTEBOOK}?reset"
+                  f"&token={jupyterlab['token']}", timeout=PAGE_S * 1000, wait_until="domcontentloaded")
+        page.locator(".jp-Notebook").first.wait_for(timeout=PAGE_S * 1000)
+        _run_all_cells(page)
+        notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+        panel = notebook.locator(".widget-vbox", has_text="流水线任务").filter(has_text="历史与对比").last
+        panel.wait_for(timeout=CELLS_S * 1000)
+        # the controls of the dynamic half, open because the spec is dynamic, and the plan line
+        panel.get_by_text("动态调度：冻结、重新均衡", exact=False).first.wait_for(timeout=30_000)
+        freeze = panel.locator(".widget-text", has_text="冻结 freeze_at").locator("input").first
+        assert freeze.input_value() == "2:6"
+        assert panel.locator(".widget-checkbox", has_text="重新均衡").locator("input").first.is_checked()
+        plan = panel.get_by_text("冻结：第 2 步起前 6 层", exact=False).first
+        assert "重新均衡：每 2 步看最近 2 步" in plan.text_content()
+        _element_screenshot(page, panel, ARTIFACTS / "dynamic-panel-controls.png")
+
+        panel.locator(".widget-button", has_text="运行").first.click()
+        panel.get_by_text("完成，用时", exact=False).first.wait_for(timeout=JOB_S * 1000)
+        assert job_processes(runs) == [], "the finished job left processes behind"
+        title = panel.locator(".widget-html", has_text="切分历史").first
+        title.wait_for(timeout=30_000)
+        assert re.search(r"切分历史 \[0, 6, 12\] → \[0, \d+, 12\] @ \d+", title.text_content()), \
+            title.text_content()
+        assert panel.get_by_text("分阶段诊断", exact=False).count() >= 1
+        table = panel.locator("table", has_text="迁移代价 (ms)").first
+        logged = table.text_content()
+        assert "迁移" in logged and "回本：预计每步省" in logged and "实测步时 (ms)" in logged, logged
+        plots = panel.locator(".js-plotly-plot")
+        _wait_for_count(page, plots, 2, 60)  # the timeline and the partition history
+        titles = " ".join(plots.locator(".gtitle").all_text_contents())
+        assert "各阶段开销与边界随训练步的变化" in titles, titles
+        _element_screenshot(page, panel, ARTIFACTS / "dynamic-panel.png")
+
+        # the move is marked: its button moves the slider to that step, the readout says so
+        mark = panel.locator(".widget-button", has_text="⇄ 重切分").first
+        mark.click()
+        readout = panel.locator(".widget-readout", has_text="⇄ 重切分").first
+        readout.wait_for(timeout=30_000)
+        explorer = panel.locator(".widget-vbox", has=readout).last
+        _element_screenshot(page, explorer, ARTIFACTS / "dynamic-panel-move-step.png")
+        assert not [e for e in page.page_errors if "plotly" in e.lower() or "widget" in e.lower()], \
+            page.page_errors
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dynamic-panel-failure.png"))
+        print(_tail(jupyterlab["log"], 60))
+        raise
+    finally:
+        page.goto("about:blank")
         path.unlink(missing_ok=True)

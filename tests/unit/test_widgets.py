@@ -305,7 +305,7 @@ def test_a_chinese_panel(no_launch):
     assert "空闲" in panel.status.value and "■" in panel.stop_hint.value
     assert "气泡率中位数" in panel.history_select.options[0][0]
     panel.show(0)
-    assert "指令类型" in panel.explorer.widget.children[1].children[0].value
+    assert "指令类型" in panel.explorer.kinds_row.children[0].value
     assert "气泡率 bubble_ratio" in panel.metrics.value and "诊断：" in panel.diagnosis.value
     assert "模拟" in panel.figure.layout.title.text
     header = panel.widget.children[0].value

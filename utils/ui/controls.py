@@ -15,6 +15,7 @@ import ipywidgets as widgets
 
 from utils.jobs.plan import plan_boundaries
 from utils.jobs.spec import JOB_SCHEDULES, PARTITION_METHODS, JobSpec
+from utils.ui.dynamic_controls import DynamicControls, dynamic_plan
 from utils.ui.labels import text
 from utils.workloads.models import PRESETS, get_model
 
@@ -65,8 +66,9 @@ def boundaries_without_profiling(spec: JobSpec) -> list[int]:
 class JobControls:
     """Mixin of `RunPanel`: the controls (``model``, ``model_options``, ``stages``,
     ``micro_batches``, ``micro_batch_size``, ``steps``, ``partition``, ``boundaries``,
-    ``schedule``), `spec()` and the plan line ``plan``. Needs ``self.lang`` and
-    ``self._base`` (the spec the fields without a control come from)."""
+    ``schedule``; ``dynamic``, the `DynamicControls` of the dynamic half), `spec()` and the
+    plan line ``plan``. Needs ``self.lang`` and ``self._base`` (the spec the fields without a
+    control come from)."""
 
     lang: str
     _base: JobSpec
@@ -106,6 +108,7 @@ class JobControls:
             control.observe(self._on_control, names="value")
             if not isinstance(control, widgets.ToggleButtons):
                 control.layout.width = "96%"
+        self.dynamic = DynamicControls(base, lang=self.lang, on_change=self._on_control)
         self.plan = widgets.HTML()
         self.controls_grid = widgets.GridBox(
             [self.model, self.model_options, self.schedule, self.stages, self.micro_batches,
@@ -131,7 +134,7 @@ class JobControls:
                        num_stages=self.stages.value, micro_batches=self.micro_batches.value,
                        micro_batch_size=self.micro_batch_size.value, partition=partition,
                        schedule=self.schedule.value, steps=self.steps.value,
-                       train_batch_size=None)
+                       train_batch_size=None, **self.dynamic.fields())
 
     def _on_control(self, change=None) -> None:
         self.boundaries.disabled = self.partition.value != BOUNDARIES
@@ -163,5 +166,7 @@ class JobControls:
         dp = text("plan.replicas", self.lang, n=spec.data_parallel) if spec.data_parallel > 1 else ""
         line = text("plan.ok", self.lang, processes=spec.world_size, batch=spec.global_batch,
                     size=spec.micro_batch_size, count=spec.micro_batches, dp=dp, layers=layers)
+        dynamic = dynamic_plan(spec, self.lang)
+        line = html.escape(line) + (f"<br>{html.escape(dynamic)}" if dynamic else "")
         self.plan.value = f"<span style='color:#2e7d32'>✓</span> {line}"
         return spec

@@ -24,12 +24,14 @@ class TimelineExplorer(Displayable):
     the slider or ticking a kind redraws the figure (`figure` is the one shown). Step 0 is
     available but not the default: it carries one-off warm-up costs (see `default_step`).
     Next to the slider: the step's bubble ratio, makespan and (``diagnosis=True``) diagnosis.
+    `marks` are steps to mark on the slider (a dynamic job's re-partitions: ``6 ⇄``), named
+    once more in a line under it.
     ``lang="zh"`` labels it in Chinese (default: `utils.ui.labels.get_language`).
     """
 
     def __init__(self, timeline: Timeline, *, step: int | None = None,
                  kinds: Iterable[str] | None = None, title: str | None = None,
-                 diagnosis: bool = True, lang: str | None = None):
+                 diagnosis: bool = True, marks: Iterable[int] = (), lang: str | None = None):
         self.lang = resolve(lang)
         self.timeline = timeline
         self.title = title
@@ -39,8 +41,9 @@ class TimelineExplorer(Displayable):
             raise ValueError("the timeline has no events: nothing to explore")
         present = [k for k in KINDS if any(e.kind == k for e in timeline.events)]
         chosen = set(present if kinds is None else kinds)
+        self.marks = sorted(set(marks) & set(steps))
         self.step_slider = widgets.SelectionSlider(
-            options=[(str(s), s) for s in steps], value=default_step(timeline) if step is None else step,
+            options=[(text("explorer.mark", self.lang, step=s) if s in self.marks else str(s), s) for s in steps], value=default_step(timeline) if step is None else step,
             description=text("explorer.step", self.lang), disabled=len(steps) == 1, continuous_update=False, style=_STYLE,
             layout={"width": "420px"})
         self.kind_boxes: dict[str, widgets.Checkbox] = {
@@ -53,11 +56,20 @@ class TimelineExplorer(Displayable):
         self.step_slider.observe(self._on_change, names="value")
         for box in self.kind_boxes.values():
             box.observe(self._on_change, names="value")
-        kinds_row = widgets.HBox([widgets.HTML(f"<b>{html.escape(text('explorer.kinds', self.lang))}</b>&nbsp;"), *self.kind_boxes.values()],
+        self.kinds_row = kinds_row = widgets.HBox([widgets.HTML(f"<b>{html.escape(text('explorer.kinds', self.lang))}</b>&nbsp;"), *self.kind_boxes.values()],
                                  layout={"flex_flow": "row wrap", "align_items": "center"})
+        # the marked steps once more, as buttons that move the slider there
+        self.mark_buttons = [widgets.Button(description=text("explorer.mark", self.lang, step=s),
+                                            layout={"width": "auto"}) for s in self.marks]
+        for step, button in zip(self.marks, self.mark_buttons):
+            button.on_click(lambda _b, step=step: setattr(self, "step", step))
+        marked = text("explorer.marks", self.lang, steps=self.marks) if self.marks else ""
+        self.marks_line = widgets.HBox(
+            [widgets.HTML(f"<small>{html.escape(marked)}</small>"), *self.mark_buttons] if marked else [],
+            layout={"align_items": "center", "flex_flow": "row wrap"})
         self.widget = widgets.VBox([widgets.HBox([self.step_slider, self.summary],
                                                  layout={"align_items": "center"}),
-                                    kinds_row, self.output])
+                                    self.marks_line, kinds_row, self.output])
         self.redraw()
 
     @property

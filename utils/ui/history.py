@@ -1,6 +1,8 @@
 """The results part of a `RunPanel`: the run shown, the panel's history and the comparison.
 
-`RunResults` shows a `Run` (title, diagnosis, a `TimelineExplorer`, the metrics table),
+`RunResults` shows a `Run` (title, diagnosis, a `TimelineExplorer`, the metrics table; for a
+dynamic job also its partition history, a diagnosis per phase, the decision logs and the
+partition-history plot, `utils.ui.dynamic_view`),
 keeps the panel's successful runs, and draws two of them on one time axis. The history
 label of a run gives its **median** bubble over the steps after step 0 and says so, since
 the explorer next to it shows the bubble of one step.
@@ -16,9 +18,12 @@ import plotly.graph_objects as go
 from utils.jobs.runs import Run
 from utils.ui.controls import STYLE
 from utils.ui.display import error_html, figure_output
+from utils.ui.dynamic_controls import is_dynamic
+from utils.ui.dynamic_view import decisions_html, history_text, move_steps, phase_diagnoses_html
 from utils.ui.explorer import TimelineExplorer
 from utils.ui.labels import text
 from utils.ui.plots import compare_timelines
+from utils.ui.rebalance_plots import plot_partition_history
 from utils.ui.tables import diagnosis_text, metrics_html
 
 __all__ = ["RunResults"]
@@ -42,6 +47,9 @@ class RunResults:
         self.result_box = widgets.VBox()
         self.metrics = widgets.HTML()
         self.diagnosis = widgets.HTML()
+        self.decisions = widgets.HTML()  # a dynamic job's decision logs
+        self.partition_plot = widgets.Output()  # a dynamic job's stage costs and boundaries
+        self.partition_figure: go.Figure | None = None
         self.history_select = widgets.Dropdown(options=[], description=t("runs"), style=STYLE,
                                                layout=_CHOICE_LAYOUT)
         self.show_button = widgets.Button(description=t("btn.show"), icon="eye", tooltip=t("tip.show"))
@@ -73,17 +81,32 @@ class RunResults:
         losses = run.losses
         loss = text("result.loss", self.lang, first=f"{losses[0]:.3f}", last=f"{losses[-1]:.3f}") \
             if losses else ""
-        self.result_title.value = text(
-            "result.title", self.lang, name=html.escape(run.name), stages=run.spec.num_stages,
-            mbs=run.spec.micro_batches, schedule=html.escape(run.spec.schedule), parts=run.parts,
-            loss=loss)
+        dynamic = is_dynamic(run.spec)
+        moved = dynamic and len(run.partition_history) > 1
+        title = text("result.title", self.lang, name=html.escape(run.name), stages=run.spec.num_stages,
+                     mbs=run.spec.micro_batches, schedule=html.escape(run.spec.schedule), parts=run.parts,
+                     loss=loss)
+        if moved:
+            title += html.escape(text("result.history", self.lang, history=history_text(run)))
+        self.result_title.value = title
         # the run's diagnosis is shown above the explorer, not once more beside its slider
-        self.explorer = TimelineExplorer(timeline, diagnosis=False, lang=self.lang)
+        self.explorer = TimelineExplorer(timeline, diagnosis=False, marks=move_steps(run) if moved else (),
+                                         lang=self.lang)
         self.result_box.children = (self.explorer.widget,)
         m = timeline.metrics()
         self.metrics.value = metrics_html(m, self.lang, diagnosis=False)  # shown above the timeline
-        self.diagnosis.value = (f"<b>{html.escape(text('diagnosis', self.lang))}</b> "
-                                f"{html.escape(diagnosis_text(m, self.lang))}")
+        if moved:  # one median across a move mixes two pipelines: diagnose each phase
+            self.diagnosis.value = phase_diagnoses_html(run, self.lang)
+        else:
+            self.diagnosis.value = (f"<b>{html.escape(text('diagnosis', self.lang))}</b> "
+                                    f"{html.escape(diagnosis_text(m, self.lang))}")
+        self.decisions.value = decisions_html(run, self.lang) if dynamic else ""
+        self.partition_figure = None
+        if moved or (dynamic and run.spec.rebalance is not None):
+            self.partition_figure = plot_partition_history(timeline, lang=self.lang)
+            figure_output(self.partition_figure, self.partition_plot)
+        else:
+            self.partition_plot.outputs = ()
 
     def history_label(self, index: int) -> str:
         """What the history and A/B lists call run `index`: its settings and median bubble."""

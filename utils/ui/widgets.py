@@ -111,11 +111,12 @@ class RunPanel(JobControls, RunResults, Displayable):
         self.message = widgets.HTML()  # errors and notes
         self.widget = widgets.VBox([
             widgets.HTML(f"<h3 style='margin:4px 0'>{html.escape(self._t('panel.title'))}</h3>"),
-            self.controls_grid, self.plan,
+            self.controls_grid, self.dynamic.widget, self.plan,
             widgets.HBox([self.run_button, self.stop_button, self.progress, self.status],
                          layout={"align_items": "center", "flex_flow": "row wrap"}),
             self.stop_hint, self.message,
             self.result_title, self.diagnosis, self.result_box, self.metrics,
+            self.decisions, self.partition_plot,
             self.history_box,
         ], layout={"border": "1px solid #ddd", "padding": "6px 10px"})
 
@@ -252,9 +253,12 @@ class RunPanel(JobControls, RunResults, Displayable):
             return
         last = rows[-1]
         self.progress.value = min(len(rows), spec.steps)
-        self.status.value = self._t("status.step", step=last["step"] + 1, steps=spec.steps,
-                                    loss=f"{last['loss']:.4f}", sps=f"{last['seconds']:.2f}",
-                                    elapsed=elapsed)
+        line = self._t("status.step", step=last["step"] + 1, steps=spec.steps, loss=f"{last['loss']:.4f}",
+                       sps=f"{last['seconds']:.2f}", elapsed=elapsed)
+        moves = job.run_dir.partition_changes() if spec.rebalance is not None or spec.repartition_at else []
+        if moves:  # a dynamic job: its last move, where the learner watching the line sees it
+            line += self._t("status.move", step=moves[-1].step, parts=list(moves[-1].boundaries))
+        self.status.value = html.escape(line)
 
     @staticmethod
     def _phase(job: RunningJob, rows: list[dict]) -> tuple[str, tuple[str, ...]]:
