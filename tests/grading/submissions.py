@@ -49,6 +49,17 @@ actions_returned   lab05: gpipe and one_f_one_b return ``utils.Action`` objects 
 helper_early       lab03: library helpers imported at the top of the first answer cell, the
                    allowed ones used
 answers_moved      lab03: the first answer cell moved to the end of the notebook
+namespace_hook     lab03 (issue 37, points 1-2): the aliased answers, and ``__import__`` rebound in
+                   the kernel's globals through a name built at run time, so that a grader that
+                   imports its helper by name would get one that drops the ban list and binds
+                   ``abs`` for the check (the grader finds its entry point without any name)
+entry_swap         lab03: the grader's entry point found among ``object``'s subclasses and its
+                   ``call`` replaced (``type.__setattr__``) by one that sends a fabricated reply
+                   (unsigned: the check fails, the submission is flagged as tampered)
+child_process      lab03 (point 3): balanced_partition runs the forbidden library in a child
+                   ``python -c`` (the ban is per process: flagged for review)
+fresh_copy         lab03 (point 3): balanced_partition calls a fresh copy of the library's module
+                   (``runpy.run_module``: functions the ban never swapped; flagged for review)
 metrics_shortcut   labs 1 and 2: the answers call the library's metrics instead of computing
                    them from the events (issue 15: the labs forbid it while the checks run);
                    lab07: read_status and diagnose_failure call utils.diagnose's own parser and
@@ -360,6 +371,82 @@ OTHER_ALGORITHMS = {
     "lab05_schedules_as_data": {"one_f_one_b": ONE_F_ONE_B_GREEDY, "deepspeed_order": DEEPSPEED_STEP_MAP},
 }
 
+NAMESPACE_HOOK = '''
+_names = globals()
+_original = _names["__buil" + "tins__"]
+_original = getattr(_original, "__imp" + "ort__", None) or _original["__imp" + "ort__"]
+
+
+class _Helper:
+    """What a grader importing its helper by name would get: the real one, minus the ban."""
+    def __init__(self, real):
+        self.real = real
+
+    def call(self, name, arguments, forbid=None, message=""):
+        return self.real.call(name, arguments, [], message)
+
+    def describe(self, names):
+        from IPython.display import publish_display_data
+        publish_display_data({self.real.REPLY_MIME: {"names": {**{n: {"kind": "callable"} for n in names},
+                                                             "abs": {"kind": "value", "value": "0"}}}})
+
+    def __getattr__(self, attribute):
+        return getattr(self.real, attribute)
+
+
+def _hooked(name, *args, **kwargs):
+    module = _original(name, *args, **kwargs)
+    return _Helper(module) if name.endswith("student_" + "side") else module
+
+
+_names["__imp" + "ort__"] = _hooked
+'''
+
+ENTRY_SWAP = '''
+from IPython.display import publish_display_data as _publish
+
+_entry = [c for c in object.__subclasses__() if c.__name__ == "Entry" and c.__module__.endswith("student_side")][0]
+
+
+def _fabricated(*args, **kwargs):
+    _publish({"application/vnd.workbook.grading-reply+json": {"value": "[0, 2, 4, 6, 8]"}})
+
+
+type.__setattr__(_entry, "call", staticmethod(_fabricated))
+'''
+
+CHILD_PROCESS = '''
+import json
+import subprocess
+import sys
+
+_CHILD = ("import json, sys; from utils import partition_layers; "
+          "print(json.dumps(partition_layers(json.loads(sys.argv[1]), int(sys.argv[2]))))")
+
+
+def balanced_partition(costs, num_stages):
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(list(costs)), str(num_stages)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise ValueError(done.stderr.strip().splitlines()[-1])
+    return json.loads(done.stdout)
+'''
+
+FRESH_COPY = '''
+import runpy
+import warnings
+
+import utils.planning.partitioning  # noqa: F401 - its dataclasses look their module up by name
+
+with warnings.catch_warnings():  # runpy warns that the module is imported already: that is the point
+    warnings.simplefilter("ignore")
+    _fresh = runpy.run_module("utils.planning.partitioning", run_name="utils.planning.partitioning")
+
+
+def balanced_partition(costs, num_stages):
+    return _fresh["partition_layers"](list(costs), num_stages)
+'''
+
 #: Answers calling the library a lab forbids, through an alias imported before the checks (kind ``aliased``).
 ALIASED = {
     "lab03_balanced_partition": {"balanced_partition": '''
@@ -526,6 +613,17 @@ def build(lab: LabSource, kind: str) -> str:
         answers.update({task: code.strip() for task, code in SHORTCUTS[lab.name].items()})
     elif kind == "aliased":
         answers.update({task: code.strip() for task, code in ALIASED[lab.name].items()})
+    elif kind == "namespace_hook":
+        answers.update({task: code.strip() for task, code in ALIASED[lab.name].items()})
+        first = next(iter(lab.tasks))
+        answers[first] = answers[first] + "\n\n\n" + NAMESPACE_HOOK.strip()
+    elif kind == "entry_swap":
+        first = next(iter(lab.tasks))
+        answers[first] = answers[first] + "\n\n\n" + ENTRY_SWAP.strip()
+    elif kind == "child_process":
+        answers["balanced_partition"] = CHILD_PROCESS.strip()
+    elif kind == "fresh_copy":
+        answers["balanced_partition"] = FRESH_COPY.strip()
     cells = []
     for cell in nb["cells"]:
         if _is(cell, "answer"):

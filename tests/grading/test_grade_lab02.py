@@ -41,7 +41,9 @@ EXPECTED = {
     "patched_reference": PARTLY,  # utils.compute_metrics patched in the kernel to agree
     "frame_reader": {**FULL, "bubble_ratio": 0},  # found no expected value up the stack
     "history_leak": {**FULL, "bubble_ratio": 0},
-    "runner_swap": NONE,  # the kernel side of the grader replaced: it can only fabricate its own answers
+    # The module's call/describe replaced: the grader reaches its entry point without the module's
+    # names (student_side.ENTRY_EXPRESSION), so the swap changes nothing: the honest score, flagged.
+    "runner_swap": PARTLY,
     # The library's metrics instead of the student's own (issue 15): forbidden while checks call.
     "metrics_shortcut": NONE,
 }

@@ -36,6 +36,11 @@ EXPECTED = {
     "other_algorithm": FULL,  # honest variants
     "helper_early": FULL,
     "answers_moved": FULL,
+    # Issue 37: the grader's in-kernel entry point and its bans.
+    "namespace_hook": {**FULL, "balanced_partition": 3},  # the hook is never reached: the ban holds as for aliased
+    "entry_swap": NONE,  # every call answered by an unsigned, fabricated reply: failed and flagged
+    "child_process": FULL,  # the ban is per process: escapes it, flagged for review (below)
+    "fresh_copy": FULL,  # functions the ban never swapped: escapes it, flagged for review (below)
     "garbage": NONE,  # not a notebook
     "no_notebook": NONE,  # a submission folder without a notebook
 }
@@ -99,6 +104,21 @@ def test_tampering_with_the_library_ban_is_flagged_for_review_with_the_reason(gr
     assert "review: " in rows["code_saver"]["notes"] and "__code__" in rows["code_saver"]["notes"]
     for honest in ("correct", "other_algorithm", "helper_early", "answers_moved", "answers_first"):
         assert results[honest].review == [], (honest, results[honest].review)
+
+
+def test_every_route_around_the_grader_is_flagged_with_its_reason(graded):
+    """Issue 37, points 1-3: a hooked namespace, a replaced entry point, a child process and a
+    fresh module copy each get their honest score (above) or a review note saying why."""
+    results, out, _ = graded
+    review = {kind: " | ".join(results[kind].review) for kind in
+              ("namespace_hook", "entry_swap", "child_process", "fresh_copy")}
+    assert "globals()" in review["namespace_hook"] and "built at run time" in review["namespace_hook"]
+    assert "__subclasses__" in review["entry_swap"] and "__setattr__" in review["entry_swap"]
+    assert "entry point was altered in the kernel: call" in review["entry_swap"]  # caught before any call
+    tampered = [c for c in results["entry_swap"].checks if c.status != "passed"]
+    assert tampered and all("交给教师复查" in c.message for c in tampered)
+    assert "subprocess" in review["child_process"] and "another process" in review["child_process"]
+    assert "runpy" in review["fresh_copy"] and "fresh copy" in review["fresh_copy"]
 
 
 def test_errors_in_hidden_checks_show_the_type_only(graded):

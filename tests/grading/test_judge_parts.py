@@ -13,7 +13,8 @@ from utils.grading import codec
 from utils.grading.check_api import active_forbidden, forbidding
 from utils.grading.execute import CellOutcome
 from utils.grading.grade import review_notes
-from utils.grading.judge import _sanitised
+from utils.grading.judge import _bindings, _reply, _sanitised
+from utils.grading.student_side import ENTRY_EXPRESSION, REPLY_MIME
 
 
 def roundtrip(value):
@@ -140,6 +141,47 @@ def test_review_signs_name_what_matched_and_why():
     given = "from utils.grading.check_api import forbidding\nx = 1"
     assert review_notes(["from utils.grading.check_api import forbidding\nx = 2"], given) == []
     assert review_notes(["import utils.grading.judge"], given) != []
+
+
+def _published(*payloads) -> CellOutcome:
+    return CellOutcome("ok", outputs=[{"output_type": "display_data", "data": {REPLY_MIME: p}} for p in payloads])
+
+
+def test_only_one_reply_signed_with_the_sessions_token_is_trusted():
+    """Issue 37, point 1: what the kernel publishes is believed only with this session's token."""
+    token = "t" * 32
+    signed = {"value": "1", "token": token, "tampered": ""}
+    assert _reply(_published(signed), token) == (signed, "")
+    assert _reply(CellOutcome("ok"), token) == (None, "")
+    reply, why = _reply(_published({"value": "1"}), token)
+    assert reply is None and "token" in why                       # unsigned: forged
+    reply, why = _reply(_published(signed, {**signed, "value": "2"}), token)
+    assert reply is None and "2 grader replies" in why            # a second, signed or not
+    reply, why = _reply(_published({**signed, "tampered": "altered: call"}), token)
+    assert reply is None and why == "altered: call"               # the entry's own self-check
+
+
+def test_the_kernels_description_binds_only_the_task_names_asked_about():
+    described = {"names": {"f": {"kind": "callable"}, "abs": {"kind": "value", "value": "0"},
+                           "g": {"kind": "value", "value": 3}, "h": "callable"}}
+    assert _bindings(described, ["f", "g", "h", "missing"]) == {
+        "f": {"kind": "callable"}, "g": {"kind": "missing"}, "h": {"kind": "missing"},
+        "missing": {"kind": "missing"}}
+
+
+def test_the_entry_point_is_reached_without_any_name_of_the_kernels_namespace():
+    """`ENTRY_EXPRESSION` finds the class with literals and attributes of builtin types only;
+    run with globals that rebind every builtin it could use, it still finds the real one."""
+    import ast
+
+    from utils.grading import student_side
+
+    names = {n.id for n in ast.walk(ast.parse(ENTRY_EXPRESSION)) if isinstance(n, ast.Name)}
+    assert names == {"c"}  # the comprehension's own variable, nothing else
+    hostile = {"__builtins__": {}, "__import__": None, "object": None, "type": None}
+    assert eval(ENTRY_EXPRESSION, hostile) is student_side.Entry
+    with pytest.raises(AttributeError, match="read-only"):
+        student_side.Entry.call = print
 
 
 def test_a_kernel_reply_is_reduced_to_known_fields():

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Callable
@@ -99,6 +100,10 @@ class CellOutcome:
     student: bool = False
     """For a judged check that failed: the exception was raised by the student's function
     (its message is the student's text), not by the check."""
+    tampered: str = ""
+    """For a judged check: why the kernel's side of the grader cannot be trusted (its reply
+    unsigned or more than one, its entry point altered); the check fails and the submission
+    is flagged for review."""
 
     @property
     def ok(self) -> bool:
@@ -270,6 +275,8 @@ class KernelSession:
         self._stack: contextlib.AsyncExitStack | None = None
         self._reply: dict | None = None
         self._pid: int | None = None
+        self.token = ""
+        """The token the entry point of this kernel signs its replies with (set by `start`)."""
 
     async def start(self) -> None:
         isolation = isolation_for(self.limits.isolation, self.workdir, self.limits.hide)
@@ -295,6 +302,14 @@ class KernelSession:
         self._pid = getattr(km.provisioner, "pid", None)
         if self.contained is not None:
             self.contained.own(self._pid)
+        # Before any student cell: arm the grader's entry point with a token only this
+        # session knows (`student_side`); every reply it sends for a check carries it.
+        self.token = secrets.token_hex(16)
+        armed = await self.run(f"__import__('utils.grading.student_side', fromlist=['_']).Entry.arm({self.token!r})",
+                               STARTUP_TIMEOUT, store_history=False)
+        self.outputs.commit()
+        if not armed.ok:
+            raise RuntimeError(f"the grading kernel could not load the grader's entry point: {armed.evalue}")
 
     def _remember_reply(self, cell=None, cell_index=None, execute_reply=None) -> None:
         self._reply = execute_reply

@@ -70,6 +70,9 @@ def explain_check(check: Check, outcome: CellOutcome, timeout: float) -> str:
     common = _common(outcome, timeout)
     if common is not None:
         return common
+    if outcome.tampered:
+        return ("评分器在你的 kernel 里的部分被改动，或它的回复被伪造：这项检查不计分，提交已交给教师复查"
+                "（the grader's side of your kernel was altered or its reply forged）。")
     if outcome.student:  # the student's own function raised
         if not check.hidden:
             return f"你的函数抛出了 {outcome.ename}: {_short(outcome.evalue)}"

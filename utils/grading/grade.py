@@ -53,7 +53,15 @@ REVIEW_SIGNS: tuple[tuple[str, str], ...] = (
     (r"__code__|types\.FunctionType|types\.CodeType", "handles function code objects (can undo a lab's library ban)"),
     (r"_getframe|f_globals|f_back|inspect\.stack|inspect\.currentframe", "inspects the caller's frames"),
     (r"(?<![\w.])(exec|eval|compile)\s*\(", "runs code built at run time"),
-    (r"utils\.grading|student_side|check_api", "touches the grader"),
+    (r"utils\.grading|student_side|check_api|from\s+utils\s+import\s+[\w\s,]*\bgrading\b|display_pub|"
+     r"publish_display_data|grading-reply", "touches the grader (its entry point in the kernel or its replies)"),
+    (r"__subclasses__|__closure__|cell_contents|__defaults__|__kwdefaults__|__setattr__|\bgc\.|import\s+gc\b|"
+     r"\bctypes\b", "reaches objects by introspection (the grader's entry point, its state, a ban's saved code)"),
+    (r"(?<![\w.])(globals|vars|locals)\(\s*\)", "handles the namespace as a dict (names built at run time)"),
+    (r"\bsubprocess\b|os\.(system|popen|exec\w*|spawn\w*|fork)\b|\bmultiprocessing\b|\bpty\b",
+     "runs code in another process, where a lab's library ban does not apply"),
+    (r"\brunpy\b|\breload\s*\(|spec_from_file_location|SourceFileLoader|exec_module",
+     "loads a fresh copy of a module, whose functions a lab's library ban does not swap"),
     (r"solutions/|HIDDEN TESTS", "reaches for the answers"),
 )
 
@@ -412,6 +420,8 @@ def _record(result: SubmissionResult, p: Planned, outcome: CellOutcome) -> None:
                                            excerpt))
         return
     c = p.check
+    if outcome.tampered:
+        result.review.append(f"check {c.id}: {outcome.tampered}")
     passed = outcome.ok
     result.checks.append(CheckResult(
         id=c.id, task=c.task, description=c.description, hidden=c.hidden, points=c.points,

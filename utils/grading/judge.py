@@ -31,7 +31,7 @@ from utils.system.procs import end_process_tree
 from .containment import MEMORY_ENAME
 from .execute import CellOutcome, KernelSession
 from .notebook_source import Check, LabSource
-from .student_side import MESSAGE_CHARS, REPLY_MIME
+from .student_side import ENTRY_EXPRESSION, MESSAGE_CHARS, REPLY_MIME
 
 LINE_LIMIT = 256 * 1024 * 1024
 """Longest protocol line (a call carrying a large timeline)."""
@@ -43,18 +43,48 @@ class JudgeError(RuntimeError):
 
 
 def _snippet(function: str, *arguments) -> str:
-    """One kernel cell calling `student_side.<function>`; it binds no name in the kernel."""
+    """One kernel cell calling ``student_side.Entry.<function>``. It binds no name in the
+    kernel and looks none up there: the entry is found through `ENTRY_EXPRESSION`."""
     args = ", ".join(repr(a) for a in arguments)
-    return f"__import__('utils.grading.student_side', fromlist=['_']).{function}({args})"
+    return f"{ENTRY_EXPRESSION}.{function}({args})"
 
 
-def _reply(outcome: CellOutcome) -> dict | None:
-    """The last reply the cell published, if any."""
-    for output in reversed(outcome.outputs):
-        data = output.get("data") or {}
-        if REPLY_MIME in data and isinstance(data[REPLY_MIME], dict):
-            return data[REPLY_MIME]
-    return None
+def _reply(outcome: CellOutcome, token: str) -> tuple[dict | None, str]:
+    """The reply the cell published and, if the kernel's side of the grader cannot be
+    trusted, why: a reply without this session's token, more than one, or one saying the
+    entry point was altered. An honest kernel sends exactly one signed reply per call."""
+    replies = [o["data"][REPLY_MIME] for o in outcome.outputs
+               if isinstance(o.get("data"), dict) and REPLY_MIME in o["data"]]
+    if not replies:
+        return None, ""
+    if any(not isinstance(r, dict) or r.get("token") != token for r in replies):
+        return None, "a grader reply in the kernel's output does not carry the grader's token (forged)"
+    if len(replies) > 1:
+        return None, f"the kernel sent {len(replies)} grader replies for one call (one is sent)"
+    tampered = replies[0].get("tampered")
+    if tampered:
+        return None, str(tampered)[:MESSAGE_CHARS]
+    return replies[0], ""
+
+
+def _bindings(described: dict, names: list[str]) -> dict[str, dict]:
+    """What the kernel said of each task name asked about, reduced to the forms the judge
+    binds (callable, missing, a value as codec text, unsendable). Names not asked about are
+    dropped, so a reply can never rebind the check's own helpers or builtins."""
+    found = described.get("names") if isinstance(described.get("names"), dict) else {}
+    bindings = {}
+    for name in names:
+        entry = found.get(name)
+        kind = entry.get("kind") if isinstance(entry, dict) else "missing"
+        if kind == "value" and isinstance(entry.get("value"), str):
+            bindings[name] = {"kind": "value", "value": entry["value"]}
+        elif kind == "unsendable":
+            bindings[name] = {"kind": "unsendable", "why": str(entry.get("why", ""))[:MESSAGE_CHARS]}
+        elif kind == "callable":
+            bindings[name] = {"kind": "callable"}
+        else:
+            bindings[name] = {"kind": "missing"}
+    return bindings
 
 
 def _sanitised(reply: dict | None, outcome: CellOutcome) -> dict:
@@ -159,20 +189,20 @@ class Judge:
         deadline = started + timeout
         outputs: list = []
 
-        async def in_kernel(source: str) -> tuple[CellOutcome, dict | None]:
+        async def in_kernel(source: str) -> tuple[CellOutcome, dict | None, str]:
             outcome = await session.run(source, max(1.0, deadline - time.monotonic()), store_history=False)
             session.outputs.commit()
             outputs.extend(o for o in outcome.outputs if REPLY_MIME not in (o.get("data") or {}))
-            return outcome, _reply(outcome)
+            return (outcome, *_reply(outcome, session.token))
 
         names = sorted({n for t in self.lab.tasks.values() for n in t.names})
-        outcome, described = await in_kernel(_snippet("describe", names))
+        outcome, described, tampered = await in_kernel(_snippet("describe", names))
+        if tampered:
+            return self._tampered(tampered, outputs, started)
         if not outcome.ok or described is None:
             return self._ended(outcome, outputs, started, "the kernel did not answer")
-        names = described.get("names")
-        bindings = {str(k): v for k, v in names.items() if isinstance(v, dict)} if isinstance(names, dict) else {}
         try:
-            return await self._relay(check, bindings, in_kernel, deadline, started, outputs)
+            return await self._relay(check, _bindings(described, names), in_kernel, deadline, started, outputs)
         except JudgeError:
             await self.stop()
             trip = session.contained.claim_trip() if session.contained is not None else None
@@ -195,14 +225,25 @@ class Judge:
                                    time.monotonic() - started, outputs)
             if message.get("op") == "done":
                 return self._done(message, outputs, started)
-            outcome, reply = await in_kernel(_snippet("call", message["name"], message["arguments"],
-                                                      message.get("forbid") or [], message.get("message") or ""))
+            outcome, reply, tampered = await in_kernel(_snippet("call", message["name"], message["arguments"],
+                                                                message.get("forbid") or [],
+                                                                message.get("message") or ""))
+            if tampered:
+                with contextlib.suppress(TimeoutError, JudgeError):
+                    await self._send({"op": "reply", "abort": "tampered"})
+                    await self._receive(10.0)
+                return self._tampered(tampered, outputs, started)
             if outcome.status in ("timeout", "dead", "memory"):
                 with contextlib.suppress(TimeoutError, JudgeError):
                     await self._send({"op": "reply", "abort": outcome.status})
                     await self._receive(10.0)  # the judge's "done" for the aborted check
                 return self._ended(outcome, outputs, started, outcome.evalue or outcome.status)
             await self._send({**_sanitised(reply, outcome), "op": "reply"})
+
+    @staticmethod
+    def _tampered(why: str, outputs: list, started: float) -> CellOutcome:
+        return CellOutcome("error", "GraderTampered", "the kernel's side of the grader cannot be trusted",
+                           time.monotonic() - started, outputs, tampered=why)
 
     @staticmethod
     def _ended(outcome: CellOutcome, outputs: list, started: float, why: str) -> CellOutcome:

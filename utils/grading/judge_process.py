@@ -146,7 +146,12 @@ class Judge:
         index = self.check_cell[check_id]
         namespace = dict(self.namespace)
         self.proxies = {}
+        # Only the lab's task names are bound (whatever the kernel's reply held), never over
+        # the check's own helpers or builtins.
+        task_names = {n for t in self.lab.tasks.values() for n in t.names}
         for name, found in bindings.items():
+            if name not in task_names or not isinstance(found, dict):
+                continue
             kind = found.get("kind")
             if kind == "callable":
                 namespace[name] = self.proxies[name] = StudentProxy(name, self)
