@@ -240,6 +240,39 @@ def test_the_memory_budget_covers_all_processes_of_a_submission_together(tmp_pat
     assert peak > 2.0 * GIB  # the sampler did see the allocation
 
 
+DISK_WRITER = """
+def stage_loads(costs, parts):
+    import time
+    with open("big.bin", "wb") as f:   # the kernel's working folder: the submission's own
+        for _ in range(64):
+            f.write(b"x" * 2 ** 20)
+    time.sleep(4)                      # the watchdog looks about once a second
+    return _original(costs, parts)
+"""
+
+
+def test_a_submission_that_fills_the_disk_is_stopped_and_the_batch_goes_on(tmp_path):
+    """Issue 37, point 6: 64 MiB written into the working folder under a 16 MiB disk budget:
+    the processes are killed, the file removed, the feedback says why, the next submission
+    is graded in full."""
+    from utils.grading.containment import Budget
+
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "filler.ipynb").write_text(submission("stage_loads", DISK_WRITER, replace=True), encoding="utf-8")
+    (folder / "honest.ipynb").write_text(build(LAB, "correct"), encoding="utf-8")
+    results = {r.student: r for r in grade_batch(LAB.path, folder, tmp_path / "out", workers=1,
+                                                  budget=Budget(disk_mib=16), options=Options(timeout=TEST_TIMEOUT),
+                                                  echo=lambda text: None)}
+    filler = {c.id: c for c in results["filler"].checks}
+    assert filler["loads_public"].status == "memory", not_passed(results["filler"])
+    assert "超过了每份提交 16 MiB 的上限" in filler["loads_public"].message and "写入的文件已删除" in \
+        filler["loads_public"].message
+    assert results["honest"].total == 10, not_passed(results["honest"])
+    log = (tmp_path / "out" / "instructor" / "filler.log").read_text(encoding="utf-8")
+    assert "disk budget exceeded" in log
+
+
 FLOOD = 'for _ in range(200):\n    print("x" * 10 ** 6)\n'
 
 

@@ -45,6 +45,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "bwrap does not work; none: no isolation, for trusted notebooks only")
     p.add_argument("--memory-budget-gb", type=float, default=Budget.memory_gb,
                    help="memory of ALL processes of one submission together, GiB (kernel, jobs, children)")
+    p.add_argument("--disk-budget-mib", type=int, default=Budget.disk_mib,
+                   help="MiB one submission may write into its working folder; over it its processes are "
+                        "killed and the files removed (0: no bound)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out or root / "grading-output" / f"validate-{lab.name}"
             solution, empty = validate(lab, out, runs_out=args.runs_out,
                                        options=Options(timeout=args.timeout, limits=_limits(args)),
-                                       budget=Budget(memory_gb=args.memory_budget_gb))
+                                       budget=Budget(memory_gb=args.memory_budget_gb, disk_mib=args.disk_budget_mib))
             maximum = lab.max_points
             ok = solution.total == maximum and empty.total == 0 and not solution.error
             print(f"solution: {fmt(solution.total)}/{fmt(maximum)} ({solution.seconds:.1f} s); "
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"{args.submissions} is not a folder")
             grade_batch(lab, args.submissions, args.out, workers=args.workers,
                         submission_timeout=args.submission_timeout, resume=args.resume,
-                        budget=Budget(memory_gb=args.memory_budget_gb),
+                        budget=Budget(memory_gb=args.memory_budget_gb, disk_mib=args.disk_budget_mib),
                         options=Options(timeout=args.timeout, limits=_limits(args), runs=args.runs))
             return 0
         if args.command == "release":

@@ -92,6 +92,12 @@ class Budget:
     """All outputs kept for one submission (what the instructor notebook holds), MiB."""
     interval: float = 0.2
     """Seconds between two memory measurements of the tree."""
+    disk_mib: int = 2048
+    """Bytes the submission may write into its working folder, MiB (the watched folder: see
+    `Containment.watch_disk`; the sandbox's private /tmp and /dev/shm are bounded tmpfs
+    already). Over it every process is killed and the files it wrote are removed. 0: off."""
+    disk_interval: float = 1.0
+    """Seconds between two measurements of the working folder (a walk of its files)."""
 
     @property
     def memory_bytes(self) -> int:
@@ -155,18 +161,44 @@ def cgroup_v2_memory(root: str | Path = "/sys/fs/cgroup") -> str:
 # --- the processes of a submission --------------------------------------------------------------
 @dataclass(frozen=True)
 class Trip:
-    """The memory budget was exceeded: when, by how much, how many processes were killed."""
+    """A budget was exceeded: which (``"memory"`` or ``"disk"``), when, by how much, how many
+    processes were killed."""
 
     at: float
     used: int
     budget: int
     processes: int
+    resource: str = "memory"
 
     def message(self) -> str:
         """Why the cell ended (shown to the student, as a public error would be)."""
+        if self.resource == "disk":
+            return (f"这份提交在工作目录里写入了 {self.used / MIB:.0f} MiB 文件，超过了每份提交 "
+                    f"{self.budget / MIB:g} MiB 的上限，{self.processes} 个进程已全部终止，写入的文件已删除，"
+                    "内核随后重启。请不要写大文件（the submission wrote more than its disk budget）。")
         return (f"这份提交的所有进程合计使用了 {self.used / GIB:.1f} GiB 内存，超过了每份提交 "
                 f"{self.budget / GIB:g} GiB 的上限，{self.processes} 个进程已全部终止，内核随后重启。"
                 "请减少同时存在的大数组或子进程。")
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the regular files under `path` (links not followed; files that vanish
+    while it walks are skipped)."""
+    total, stack = 0, [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 _ACTIVE: Containment | None = None
@@ -204,6 +236,8 @@ class Containment:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subreaper = False
+        self._disk: tuple[Path, set[str]] | None = None
+        self._disk_checked = 0.0
 
     # entering and leaving
     def __enter__(self) -> Containment:
@@ -342,6 +376,45 @@ class Containment:
                 pass
         return pss
 
+    def watch_disk(self, folder: Path | None) -> None:
+        """Bound what the submission writes under `folder` (its working folder) by
+        `Budget.disk_mib`; the files there now are the grader's and are kept on a trip.
+        None stops watching."""
+        if folder is None:
+            self._disk = None
+            return
+        kept = {os.path.join(root, name) for root, _, names in os.walk(folder) for name in names}
+        self._disk = (Path(folder), kept)
+
+    def _check_disk(self) -> None:
+        watched, budget = self._disk, self.budget.disk_mib * MIB
+        now = time.monotonic()
+        if watched is None or not budget or now - self._disk_checked < self.budget.disk_interval:
+            return
+        self._disk_checked = now
+        folder, kept = watched
+        used = folder_bytes(folder)
+        if used <= budget:
+            return
+        killed = self.kill_all()
+        for root, _, names in os.walk(folder):
+            for name in names:
+                path = os.path.join(root, name)
+                if path not in kept:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+        self._trip(Trip(now, used, budget, killed, resource="disk"))
+
+    def _trip(self, trip: Trip) -> None:
+        with self._lock:
+            self.trips.append(trip)
+            self._unclaimed = trip
+        unit, scale = ("GiB", GIB) if trip.resource == "memory" else ("MiB", MIB)
+        self.log(f"containment: {trip.resource} budget exceeded ({trip.used / scale:.2f} {unit} > "
+                 f"{trip.budget / scale:g} {unit}); killed {trip.processes} process(es)")
+
     def claim_trip(self) -> Trip | None:
         """The budget trip not yet reported, if any: it explains the cell that found its
         kernel dead (each trip explains one cell)."""
@@ -362,13 +435,8 @@ class Containment:
                 self.peak = max(self.peak, used)
                 budget = self.budget.memory_bytes
                 if budget and used > budget:
-                    killed = self.kill_all()
-                    trip = Trip(time.monotonic(), used, budget, killed)
-                    with self._lock:
-                        self.trips.append(trip)
-                        self._unclaimed = trip
-                    self.log(f"containment: memory budget exceeded ({used / GIB:.2f} GiB > "
-                             f"{budget / GIB:g} GiB); killed {killed} process(es)")
+                    self._trip(Trip(time.monotonic(), used, budget, self.kill_all()))
+                self._check_disk()
                 self.reap()
             except Exception as error:  # the watchdog must outlive anything it meets
                 self.log(f"containment: watchdog error {error!r}")

@@ -91,8 +91,8 @@ class CellOutcome:
 
     status: str
     """``"ok"``, ``"error"``, ``"timeout"``, ``"dead"`` (the kernel died), ``"memory"`` (the
-    submission's processes together went over the memory budget and were killed; `evalue`
-    says how much) or ``"not_run"``."""
+    submission went over its memory budget, all processes together, or its disk budget, and
+    its processes were killed; `evalue` says which and how much) or ``"not_run"``."""
     ename: str | None = None
     evalue: str | None = None
     seconds: float = 0.0
@@ -405,7 +405,7 @@ async def run_cells(cells: list[Step], workdir: Path, env: dict[str, str], limit
             outputs.commit()  # before any probe or replay: their outputs are not kept
             if outcome.status in ("dead", "memory") or (outcome.status == "timeout"
                                                         and not await session.responsive(cell.timeout)):
-                what = {"dead": "kernel died", "memory": "memory budget exceeded"}.get(
+                what = {"dead": "kernel died", "memory": "a budget (memory or disk) exceeded"}.get(
                     outcome.status, "kernel did not recover from a timeout")
                 restarts += 1
                 await session.stop()

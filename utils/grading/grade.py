@@ -34,6 +34,7 @@ from pathlib import Path
 import nbformat
 
 from utils.system.paths import PROJECT_ROOT
+from . import containment
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
 from .isolation import IPYTHON_DIR, check_mode
@@ -327,6 +328,7 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     limits = replace(options.limits, hide=(*options.limits.hide, lab.path, path))
     judge = Judge(lab, judge_dir, judge_env(judge_dir, PROJECT_ROOT, options.judge_runs),
                   prepare_timeout=_reference_timeout(lab, timeout))
+    contained = containment.active()
     try:
         if options.extra_files is not None:
             # No dot-entries: a folder's .ipython/profile_default/startup/*.py would run before
@@ -340,6 +342,8 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
         (workdir / IPYTHON_DIR).mkdir(exist_ok=True)  # the kernel's IPYTHONDIR: fresh, the grader's
         steps = [Cell(p.source, p.timeout) if p.check is None else JudgedCheck(p.check, p.timeout, judge)
                  for p in planned]
+        if contained is not None:  # what the submission writes into its folder: bounded (Budget.disk_mib)
+            contained.watch_disk(workdir)
         first_check = next((p.check for p in planned if p.check is not None), None)
         if first_check is not None:
             judge.prepare_early(first_check)
@@ -358,6 +362,8 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
         if options.keep_runs is not None and (workdir / "runs").exists():
             shutil.copytree(workdir / "runs", options.keep_runs, dirs_exist_ok=True)
     finally:
+        if contained is not None:
+            contained.watch_disk(None)
         await judge.stop()
         if options.executed_path is not None and judge.log.exists():  # what the judge printed
             shutil.copy(judge.log, options.executed_path.with_suffix(".judge.log"))
