@@ -327,13 +327,14 @@ def _interrupt_kernel(page) -> None:
     button.click()
 
 
-def _element_screenshot(page, element, path: Path) -> None:
+def _element_screenshot(page, element, path: Path, settle_ms: int = 800) -> None:
     """A screenshot of one element, whole: the viewport is made taller than the element first
-    (JupyterLab scrolls inside the notebook, so a tall element would be cut or overlapped)."""
+    (JupyterLab scrolls inside the notebook, so a tall element would be cut or overlapped).
+    `settle_ms`: time for plotly to redraw after the resize (longer for several figures)."""
     box = element.bounding_box() or {"height": 1000}
     page.set_viewport_size({"width": 1500, "height": int(min(max(box["height"] + 200, 1000), 6000))})
     element.scroll_into_view_if_needed()
-    page.wait_for_timeout(800)  # plotly redraws on resize
+    page.wait_for_timeout(settle_ms)  # plotly redraws on resize
     element.screenshot(path=str(path))
     page.set_viewport_size({"width": 1500, "height": 1000})
 
@@ -535,7 +536,8 @@ def test_a_dynamic_job_in_the_panel_shows_its_moves(jupyterlab, page):
     """Issue 42: the panel's dynamic controls show the job's freezing and policy; Run trains it
     for real; the title carries the partition history, the decision log is a Chinese table, the
     partition-history plot is drawn and the slider marks the move. Screenshots:
-    dynamic-panel-controls.png, dynamic-panel.png, dynamic-panel-move-step.png."""
+    dynamic-panel-controls.png, dynamic-panel.png (title, per-phase diagnosis, decision log),
+    dynamic-panel-partition-plot.png, dynamic-panel-move-step.png (the slider at the move)."""
     ARTIFACTS.mkdir(exist_ok=True)
     runs, path = jupyterlab["runs"], jupyterlab["root"] / DYNAMIC_NOTEBOOK
     nbformat.write(_dynamic_notebook(), path)
@@ -571,15 +573,18 @@ def test_a_dynamic_job_in_the_panel_shows_its_moves(jupyterlab, page):
         _wait_for_count(page, plots, 2, 60)  # the timeline and the partition history
         titles = " ".join(plots.locator(".gtitle").all_text_contents())
         assert "各阶段开销与边界随训练步的变化" in titles, titles
-        _element_screenshot(page, panel, ARTIFACTS / "dynamic-panel.png")
+        _element_screenshot(page, panel, ARTIFACTS / "dynamic-panel.png", settle_ms=4000)
+        history_plot = plots.filter(has=page.locator(".gtitle", has_text="各阶段开销与边界")).first
+        _element_screenshot(page, history_plot, ARTIFACTS / "dynamic-panel-partition-plot.png", settle_ms=2000)
+        assert history_plot.locator(".shapelayer path").count() >= 2  # the move's dashed marks (both rows)
 
         # the move is marked: its button moves the slider to that step, the readout says so
         mark = panel.locator(".widget-button", has_text="⇄ 重切分").first
         mark.click()
         readout = panel.locator(".widget-readout", has_text="⇄ 重切分").first
         readout.wait_for(timeout=30_000)
-        explorer = panel.locator(".widget-vbox", has=readout).last
-        _element_screenshot(page, explorer, ARTIFACTS / "dynamic-panel-move-step.png")
+        explorer = panel.locator(".widget-vbox", has=page.locator(".widget-readout", has_text="⇄ 重切分")).last
+        _element_screenshot(page, explorer, ARTIFACTS / "dynamic-panel-move-step.png", settle_ms=3000)
         assert not [e for e in page.page_errors if "plotly" in e.lower() or "widget" in e.lower()], \
             page.page_errors
     except Exception:
