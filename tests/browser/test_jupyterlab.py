@@ -339,8 +339,10 @@ def _element_screenshot(page, element, path: Path, settle_ms: int = 800) -> None
     page.set_viewport_size({"width": 1500, "height": 1000})
 
 
-#: Width the text of each <select> of the panel needs and has (px), measured by the browser.
-_SELECT_TEXT = """(root) => Array.from(root.querySelectorAll('.widget-dropdown select')).map(sel => {
+#: Width the text of each shown <select> of the panel needs and has (px), measured by the browser.
+_SELECT_TEXT = """(root) => Array.from(root.querySelectorAll('.widget-dropdown select'))
+  .filter(sel => sel.offsetParent !== null)  /* shown: not inside the folded dynamic controls */
+  .map(sel => {
   const text = sel.selectedIndex >= 0 ? sel.options[sel.selectedIndex].text : '';
   const cs = getComputedStyle(sel);
   const ctx = document.createElement('canvas').getContext('2d');

@@ -312,6 +312,49 @@ def test_a_large_rich_output_is_replaced_by_a_note(tmp_path, size):
     assert "not kept]" in executed.read_text(encoding="utf-8")
 
 
+HOSTILE_DISPLAY = """
+_ip = get_ipython()
+# Around the kernel's own bound on rich output: the publisher's class method, not the instance's.
+type(_ip.display_pub).publish(_ip.display_pub, {"text/html": "z" * (300 * 2 ** 20)})
+"""
+
+
+def test_a_huge_display_that_undoes_the_kernels_bound_never_reaches_the_grader(tmp_path):
+    """Issue 37, point 8: 300 MiB in one display, sent around the kernel's bound. Before: the
+    grading process read it whole (~960 MiB); now its socket refuses the message unread."""
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "display.ipynb").write_text(submission("stage_loads", HOSTILE_DISPLAY), encoding="utf-8")
+    out = tmp_path / "out"
+    batch = subprocess.Popen([sys.executable, "-m", "utils.grading", "grade", "lab03", str(folder), "--out", str(out),
+                              "--workers", "1", "--timeout", str(TEST_TIMEOUT)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stdout, sampled = _run_sampling(batch, _workers_rss, every=0.01, timeout=300)
+    assert batch.returncode == 0, stdout
+    result = json.loads((out / "instructor" / "display.result.json").read_text(encoding="utf-8"))["result"]
+    # The cell that sent it fails with a clear note (its function is lost with the kernel, which is
+    # replaced); the grading goes on: the other tasks' checks pass.
+    assert any("超过了每条消息 32 MiB 的上限" in issue["message"] for issue in result["issues"]), result["issues"]
+    statuses = {c["id"]: c["status"] for c in result["checks"]}
+    assert all(status == "passed" for cid, status in statuses.items() if cid.startswith("balanced")), statuses
+    log = (out / "instructor" / "display.log").read_text(encoding="utf-8")
+    logged = re.search(r"grading process peak RSS (\d+) MiB", log)
+    peak = max(sampled / 1024 ** 2, float(logged.group(1)) if logged else 0.0)
+    assert peak < 300, f"the grading process reached {peak:.0f} MiB"
+    assert (out / "instructor" / "display.ipynb").stat().st_size < 1024 ** 2
+
+
+def test_the_kernel_cuts_a_large_display_before_sending_it():
+    from utils.grading.kernel_output import REPLY_MIME, bounded_bundle
+
+    small = {"text/plain": "x"}
+    assert bounded_bundle(small, 100) is small
+    cut = bounded_bundle({"text/plain": "p" * 5000, "text/html": "h" * 5000}, 1000)
+    assert cut["text/plain"].startswith("p" * 1000) and "not kept]" in cut["text/plain"] and len(cut) == 1
+    reply = {REPLY_MIME: {"value": "v" * 5000}}
+    assert bounded_bundle(reply, 1000) is reply  # the grader's own replies are never cut
+
+
 def _msg(kind: str, **content) -> dict:
     return {"msg_type": kind, "header": {"msg_type": kind}, "parent_header": {"msg_id": "cell"},
             "metadata": {}, "content": content}

@@ -30,7 +30,7 @@ NOT_PRIVATE_APIS = {
     "_seen": "utils.jobs.configlint._Recording", "_mark_whole": "utils.jobs.configlint._Recording",
     "_stop_on_interrupt": "utils.jobs.launch.RunningJob",
     "_cleared": "utils.grading.execute.BoundedClient", "_bounded": "BoundedClient",
-    "_shrunk": "BoundedClient", "_announce": "BoundedClient",
+    "_shrunk": "BoundedClient", "_announce": "BoundedClient", "_iopub_events": "utils.grading.execute.KernelSession",
 }
 
 

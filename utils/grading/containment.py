@@ -29,10 +29,14 @@ per *submission*:
   budget the proportional set size (PSS, shared pages counted once) — and SIGKILLs the
   whole tree when it is over. The cell running then ends with status ``"memory"`` (see
   `execute`), the kernel is restarted as after a crash, and the feedback says why.
+* **Bounded disk.** The same thread measures the submission's working folder about once a
+  second (`Budget.disk_mib`); over it, every process is killed and the files the submission
+  wrote are removed.
 * **Bounded output.** Loaded into every kernel as an IPython extension
   (``--IPKernelApp.extensions=utils.grading.kernel_output``), `kernel_output` keeps
   the first `Budget.stream_kib` KiB that a cell writes to stdout/stderr and replaces the
-  rest by one line ``[output cut: X MiB more]``, so a flood never leaves the kernel; the
+  rest by one line ``[output cut: X MiB more]``, and cuts a display over
+  `Budget.output_kib`, so a flood never leaves the kernel; the
   grader bounds what it keeps again on its side (`execute.BoundedClient`), since kernel code
   can undo anything done inside the kernel.
 
@@ -40,9 +44,9 @@ What this does not do: a worker that is itself SIGKILLed (the OOM killer, ``kill
 its pid) cannot clean up. Its kernel still dies (the parent-death signal), and what else
 the submission started is re-parented to the batch process, a subreaper while the batch
 runs, which ends it; but if the batch process is SIGKILLed at the same moment, processes
-the kernel started may survive. Only a cgroup closes that gap. And kernel code that undoes
-the in-kernel output bound can still send one huge message, which the grading process
-reads in full (briefly) before it cuts it.
+the kernel started may survive. Only a cgroup closes that gap. Kernel code that undoes the
+in-kernel output bound meets the grader's socket, which refuses any message over
+`Budget.message_mib` unread (the cell then fails with that note and the kernel is replaced).
 
 Run as a script, this file imports nothing outside the standard library (it is started by
 path before every kernel, like `sandbox.py`); psutil is imported inside the functions that
@@ -90,6 +94,11 @@ class Budget:
     """Largest single rich output kept (an image, HTML, a long repr), KiB."""
     total_mib: int = 16
     """All outputs kept for one submission (what the instructor notebook holds), MiB."""
+    message_mib: int = 32
+    """Largest single message the grader reads from a kernel, MiB: a larger one is refused by
+    the grader's socket (ZMQ_MAXMSGSIZE) before it takes any of the grader's memory; the
+    kernel bounds its own rich outputs to `output_kib` first, so only kernel code that undid
+    that bound meets this wall (its output is lost, the grading goes on)."""
     interval: float = 0.2
     """Seconds between two memory measurements of the tree."""
     disk_mib: int = 2048
@@ -179,26 +188,6 @@ class Trip:
         return (f"这份提交的所有进程合计使用了 {self.used / GIB:.1f} GiB 内存，超过了每份提交 "
                 f"{self.budget / GIB:g} GiB 的上限，{self.processes} 个进程已全部终止，内核随后重启。"
                 "请减少同时存在的大数组或子进程。")
-
-
-def folder_bytes(path: Path) -> int:
-    """Bytes of the regular files under `path` (links not followed; files that vanish
-    while it walks are skipped)."""
-    total, stack = 0, [str(path)]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_blocks * 512
-            except OSError:
-                pass
-    return total
 
 
 _ACTIVE: Containment | None = None
@@ -392,6 +381,8 @@ class Containment:
         if watched is None or not budget or now - self._disk_checked < self.budget.disk_interval:
             return
         self._disk_checked = now
+        from utils.system.diskspace import folder_bytes  # here: this file also runs as a bare script
+
         folder, kept = watched
         used = folder_bytes(folder)
         if used <= budget:

@@ -38,15 +38,16 @@ from typing import Protocol
 
 import nbformat
 import psutil
-from jupyter_client.manager import AsyncKernelManager
+import zmq
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from utils.system.procs import end_process_tree
 from . import containment
-from .containment import MEMORY_ENAME, Budget, Containment
-from .isolation import IPYTHON_DIR, Isolation, isolation_for
-from .kernel_output import STREAM_ENV, cut_note, human
+from .containment import MEMORY_ENAME, MIB, Budget, Containment
+from .isolation import IPYTHON_DIR, isolation_for
+from .kernel_manager import LimitedKernelManager
+from .kernel_output import OUTPUT_ENV, STREAM_ENV, cut_note, human
 from .sandbox import Limits
 
 TIMEOUT_ENAME = "CellTimeout"
@@ -61,28 +62,6 @@ EVALUE_LIMIT = 4096
 """Characters of an exception message kept (feedback shows far fewer)."""
 TRACEBACK_LINES = 40
 """Lines of an error output's traceback kept (the last ones: where it failed)."""
-
-
-class LimitedKernelManager(AsyncKernelManager):
-    """Starts the kernel through `utils/grading/containment.py` (the kernel dies with the
-    process that started it) and `utils/grading/sandbox.py` (which applies `Limits`), with
-    the output-bounding extension loaded."""
-
-    limits: Limits = Limits()
-    isolation: Isolation | None = None
-    """The kernel's bubblewrap sandbox (`isolation.py`); None: not isolated."""
-
-    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        if self.isolation is not None:  # after the connection file is written: handed to the kernel's uid
-            self.isolation.prepare()
-        return (containment.wrapper_args() + self.limits.wrapper_args(self.isolation)
-                + super().format_kernel_cmd(extra_arguments)
-                + ["--IPKernelApp.extensions=utils.grading.kernel_output"])
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        if self.isolation is not None:  # a socket folder outside the scratch folder, if any
-            self.isolation.cleanup()
 
 
 @dataclass
@@ -283,6 +262,7 @@ class KernelSession:
         km = LimitedKernelManager(kernel_name="python3",
                                   **(isolation.kernel_manager_settings() if isolation else {}))
         km.limits, km.isolation = self.limits, isolation
+        km.max_message = self.budget.message_mib * MIB
         scratch = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
         self.client = BoundedClient(
             scratch, km=km, timeout=60, allow_errors=True, interrupt_on_timeout=True,
@@ -291,7 +271,7 @@ class KernelSession:
             record_timing=False, resources={"metadata": {"path": str(self.workdir)}},
             store_widget_state=False, on_cell_executed=self._remember_reply)
         self.client.output_budget = self.outputs
-        env = {**self.env, STREAM_ENV: str(self.budget.stream_kib)}
+        env = {**self.env, STREAM_ENV: str(self.budget.stream_kib), OUTPUT_ENV: str(self.budget.output_kib)}
         self._stack = contextlib.AsyncExitStack()
         # The kernel's descriptors 1 and 2 lead nowhere: inherited, they would be the grading
         # worker's, i.e. the instructor's log, and a submission could write into it. What the
@@ -302,6 +282,9 @@ class KernelSession:
         self._pid = getattr(km.provisioner, "pid", None)
         if self.contained is not None:
             self.contained.own(self._pid)
+        # The output socket drops a message over Budget.message_mib unread, and the connection with it:
+        # watched, so that the cell is told why and the kernel is replaced (see `run`).
+        self._iopub_events = self.client.kc.iopub_channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         # Before any student cell: arm the grader's entry point with a token only this
         # session knows (`student_side`); every reply it sends for a check carries it.
         self.token = secrets.token_hex(16)
@@ -333,6 +316,11 @@ class KernelSession:
                 return CellOutcome("memory", MEMORY_ENAME, trip.message(), time.monotonic() - started, outputs)
             return CellOutcome("dead", "DeadKernelError", "the kernel died", time.monotonic() - started, outputs)
         seconds = time.monotonic() - started
+        if await self._output_refused():
+            return CellOutcome("memory", MEMORY_ENAME,
+                               f"这个格子发出的一个输出超过了每条消息 {self.budget.message_mib} MiB 的上限，评分器没有接收它，"
+                               "内核已重启（a single output over the grader's message limit was refused）", seconds,
+                               list(cell.outputs))
         content = (self._reply or {}).get("content", {})
         errors = [o for o in cell.outputs if o.get("output_type") == "error"]
         if content.get("ename") == TIMEOUT_ENAME:
@@ -345,6 +333,17 @@ class KernelSession:
         if self._reply is None:
             return CellOutcome("error", "NoReply", "the kernel sent no reply", seconds, list(cell.outputs))
         return CellOutcome("ok", seconds=seconds, outputs=list(cell.outputs))
+
+    async def _output_refused(self) -> bool:
+        """Whether the grader's output socket dropped its connection since the last look: it
+        does so for a message over `Budget.message_mib` (ZMQ_MAXMSGSIZE), and does not get
+        the kernel's output back, so the kernel must be replaced."""
+        events = getattr(self, "_iopub_events", None)
+        refused = False
+        while events is not None and await events.poll(0):
+            await events.recv_multipart()
+            refused = True
+        return refused
 
     async def responsive(self, timeout: float) -> bool:
         """After a timeout interrupt: does the kernel run a trivial cell again?"""
@@ -364,7 +363,9 @@ class KernelSession:
         end_process_tree(children, grace=3.0)  # listed before the shutdown, while still its children
         if self.contained is not None:  # and whatever escaped the kernel's tree (re-parented to us)
             self.contained.end_all(grace=1.0)
-        self._stack, self.client, self._pid = None, None, None
+        if getattr(self, "_iopub_events", None) is not None:
+            self._iopub_events.close(linger=0)
+        self._stack, self.client, self._pid, self._iopub_events = None, None, None, None
 
 
 async def run_cells(cells: list[Step], workdir: Path, env: dict[str, str], limits: Limits, *,

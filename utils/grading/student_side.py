@@ -42,8 +42,7 @@ from typing import Any
 
 from . import codec
 from .check_api import _ACTIVE, _refuse
-
-REPLY_MIME = "application/vnd.workbook.grading-reply+json"
+from .kernel_output import REPLY_MIME
 MESSAGE_CHARS = 2000
 ENTRY_EXPRESSION = ("[c for c in ().__class__.__base__.__subclasses__() "
                     "if c.__module__ == 'utils.grading.student_side' and c.__name__ == 'Entry'][0]")

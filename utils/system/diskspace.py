@@ -109,3 +109,24 @@ def probe_writable(folder: str | Path) -> None:
             probe.unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def folder_bytes(path: str | Path) -> int:
+    """Disk space the regular files under `path` take (allocated blocks: a sparse file counts
+    what it occupies, not its length); links are not followed, files that vanish while it
+    walks are skipped."""
+    total, stack = 0, [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                pass
+    return total

@@ -256,7 +256,11 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     # --- the grader's notebook client and the notebook ------------------------------------------
     PrivateApi("jupyter_client.manager", "AsyncKernelManager._async_cleanup_resources", JUPYTER,
                "the grader's kernel manager overrides it to remove a sandboxed kernel's socket folder; "
-               "without it that folder is left behind", ("utils.grading.execute",)),
+               "without it that folder is left behind", ("utils.grading.kernel_manager",)),
+    PrivateApi("jupyter_client.client", "KernelClient._created_context", JUPYTER,
+               "the grader's kernel manager hands its client a zmq context of its own (refusing messages over "
+               "Budget.message_mib) and sets it so that the client destroys it; without it the context leaks "
+               "until the grading process ends", ("utils.grading.kernel_manager",)),
     PrivateApi("nbclient", "NotebookClient._update_display_id", JUPYTER,
                "the grader's client overrides it to bound an updated display; without it a submission's "
                "display updates bypass the output budget", ("utils.grading.execute",)),
