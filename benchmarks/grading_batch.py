@@ -9,11 +9,19 @@ The 20 submissions mix what a class hands in (the prepared kinds of
 the figure includes timeouts, a kernel restart and the judge's work, not only the easy case.
 
     python benchmarks/grading_batch.py [--labs lab02 lab03] [--workers 2]
+
+``--against DIR`` measures the cost of a change: DIR is another checkout of the workbook (the
+code before it, e.g. ``git worktree add /tmp/before <commit>``); the batches of both run in
+turn, ``--rounds`` times each, and the seconds per submission are printed side by side with
+their ratio (the machine's noise hits both alike).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,12 +55,39 @@ def class_of(lab: LabSource, short: str, folder: Path) -> None:
         (folder / f"s{n:02d}_{kind}.ipynb").write_text(build(lab, kind), encoding="utf-8")
 
 
+def compare(args) -> int:
+    """This checkout against ``args.against``, in turn: seconds per submission, side by side."""
+    here, there = Path(__file__).resolve().parents[1], Path(args.against).resolve()
+    figures: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+    for _ in range(args.rounds):
+        for label, root in (("before", there), ("after", here)):
+            done = subprocess.run([sys.executable, str(root / "benchmarks" / "grading_batch.py"), "--json",
+                                   "--labs", *args.labs, "--workers", str(args.workers)],
+                                  cwd=root, capture_output=True, text=True)
+            if done.returncode not in (0, 1) or not done.stdout.strip():
+                print(done.stdout + done.stderr)
+                return 2
+            for short, per in json.loads(done.stdout.strip().splitlines()[-1]).items():
+                figures[label].setdefault(short, []).append(per)
+    for short in args.labs:
+        before, after = statistics.median(figures["before"][short]), statistics.median(figures["after"][short])
+        print(f"{short}: seconds per submission (batch time / submissions, median of {args.rounds} rounds): "
+              f"before {before:.2f} s ({there.name}), after {after:.2f} s; after / before = {after / before:.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--labs", nargs="+", default=["lab02", "lab03"], choices=sorted(KINDS))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--against", help="another checkout (the code before a change): compare with it")
+    parser.add_argument("--rounds", type=int, default=2, help="with --against: batches of each, in turn")
+    parser.add_argument("--json", action="store_true", help="print seconds per submission as JSON (last line)")
     args = parser.parse_args()
+    if args.against:
+        return compare(args)
     me = psutil.Process()
+    per_submission: dict[str, float] = {}
     failed = False
     for short in args.labs:
         lab = LabSource.load(find_lab(ROOT, short))
@@ -80,6 +115,9 @@ def main() -> int:
                   f"(target < 300 s: {seconds / 300:.2f} of it); per submission median {per[len(per) // 2]:.1f} s, "
                   f"max {per[-1]:.1f} s; processes left behind: {len(left)}")
             failed |= seconds >= 300 or bool(left)
+            per_submission[short] = seconds / len(results)
+    if args.json:
+        print(json.dumps(per_submission))
     return 1 if failed else 0
 
 

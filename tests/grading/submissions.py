@@ -707,8 +707,9 @@ def not_passed(result) -> str:
     """The checks of a graded submission that did not pass, each with its whole message, as
     one string: an assertion's message that is a string is shown in full (a list would be
     cut to one line, hiding the check that failed)."""
-    return "\n".join(f"{c.id}: {c.status}: {c.message}" for c in result.checks if c.status != "passed") \
-        or "every check passed"
+    failed = "\n".join(f"{c.id}: {c.status}: {c.message}" for c in result.checks if c.status != "passed")
+    # the hidden checks' seed: `grade --seed` with it draws the same inputs again
+    return (failed or "every check passed") + f"\n(hidden inputs drawn with seed {getattr(result, 'seed', None)})"
 
 
 def assert_nothing_hidden_leaks(lab: LabSource, out: Path) -> None:

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in --out whose submission, lab, grader and options are "
                         "unchanged (after an interrupted run); without it every submission is graded again")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the seed of the hidden checks' inputs for every submission (a regrade: the seed in a "
+                        "result's .result.json); default: a fresh one per submission, recorded in its result")
     _add_run_options(p)
 
     p = sub.add_parser("release", help="build the student release")
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             grade_batch(lab, args.submissions, args.out, workers=args.workers,
                         submission_timeout=args.submission_timeout, resume=args.resume,
                         budget=Budget(memory_gb=args.memory_budget_gb, disk_mib=args.disk_budget_mib),
-                        options=Options(timeout=args.timeout, limits=_limits(args), runs=args.runs))
+                        options=Options(timeout=args.timeout, limits=_limits(args), runs=args.runs, seed=args.seed))
             return 0
         if args.command == "release":
             copied = build_release(root, args.out)

@@ -14,8 +14,13 @@ for review (`grade.REVIEW_SIGNS`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
+import os
 from collections.abc import Iterator
+
+SEED_ENV = "GRADING_SEED"
+"""How a judge learns the seed the grader picked for the submission (see `hidden_seed`)."""
 
 _ACTIVE: list[tuple[tuple[str, ...], str]] = []
 """The `forbidding` blocks open now, innermost last (the judge's proxies send them along)."""
@@ -25,6 +30,21 @@ def active_forbidden() -> tuple[list[str], str]:
     """The functions forbidden now and the message of the innermost block."""
     targets = [t for block, _ in _ACTIVE for t in block]
     return targets, (_ACTIVE[-1][1] if _ACTIVE else "")
+
+
+def hidden_seed(base: int) -> int:
+    """The seed a hidden check draws its random inputs from: ``random.Random(hidden_seed(7))``.
+
+    Outside grading (the solution run top to bottom, nbval) it is `base`. In a judge it is
+    `base` mixed with the seed the grader picked for this submission (``$GRADING_SEED``,
+    recorded in the result as `SubmissionResult.seed`): each grading draws fresh inputs, so a
+    table of answers prepared from an earlier grading's inputs does not fit, and a regrade
+    with the recorded seed (``grade --seed``) draws the same ones again."""
+    seed = os.environ.get(SEED_ENV, "")
+    if not seed:
+        return base
+    digest = hashlib.sha256(f"{base}:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
 def _refuse(*args, **kwargs):

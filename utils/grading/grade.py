@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -35,6 +36,7 @@ import nbformat
 
 from utils.system.paths import PROJECT_ROOT
 from . import containment
+from .check_api import SEED_ENV
 from .execute import Cell, CellOutcome, kernel_env, run_cells
 from .feedback import explain_check, explain_cell
 from .isolation import IPYTHON_DIR, check_mode
@@ -247,6 +249,9 @@ class SubmissionResult:
     error: str | None = None
     """Why grading itself failed (unreadable notebook, grader crash); scores are then 0."""
     seconds: float = 0.0
+    seed: int | None = None
+    """The seed the hidden checks drew their inputs from (`check_api.hidden_seed`): regrade
+    with ``Options(seed=...)`` / ``grade --seed`` to draw the same inputs again."""
 
     @classmethod
     def failed(cls, lab: LabSource, student: str, error: str, *, why: str | None = None,
@@ -300,6 +305,9 @@ class Options:
     extra_files: Path | None = None
     """A folder whose files are copied into the working directory (a submission folder);
     dot-files and dot-folders (``.ipython/``, ``.config/``...) are left out."""
+    seed: int | None = None
+    """The seed of the hidden checks' inputs (`check_api.hidden_seed`); None: a fresh one per
+    submission, recorded in its result."""
 
 
 def grade_notebook(lab: LabSource, path: str | Path, student: str, options: Options | None = None,
@@ -316,7 +324,8 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     except ValueError as error:
         return SubmissionResult.failed(lab, student, str(error), why="无法读取提交的 notebook",
                                        seconds=time.monotonic() - started)
-    result = SubmissionResult(student=student, lab=lab.name)
+    result = SubmissionResult(student=student, lab=lab.name,
+                              seed=options.seed if options.seed is not None else secrets.randbelow(2 ** 31))
     timeout = options.timeout or lab.cell_timeout or DEFAULT_CELL_TIMEOUT
     planned, result.notes = plan(lab, cells, timeout)
     given = "\n".join(c.source for c in lab.student_copy().cells if c.cell_type == "code")
@@ -326,7 +335,7 @@ async def _grade(lab: LabSource, path: Path, student: str, options: Options, log
     # An isolated kernel sees neither the lab source (answers, hidden checks) nor the
     # submitted file; the batch adds its output and submissions folders.
     limits = replace(options.limits, hide=(*options.limits.hide, lab.path, path))
-    judge = Judge(lab, judge_dir, judge_env(judge_dir, PROJECT_ROOT, options.judge_runs),
+    judge = Judge(lab, judge_dir, {**judge_env(judge_dir, PROJECT_ROOT, options.judge_runs), SEED_ENV: str(result.seed)},
                   prepare_timeout=_reference_timeout(lab, timeout))
     contained = containment.active()
     try:
