@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,9 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+#: The checkout whose grader is measured: this one, or another given by `compare` (the code before a change).
+CODE_ROOT = os.environ.get("GRADING_BENCH_ROOT") or str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, CODE_ROOT)
 
 from tests.grading.submissions import ROOT, build  # noqa: E402
 from utils.grading import Options, grade_batch  # noqa: E402
@@ -61,9 +64,11 @@ def compare(args) -> int:
     figures: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     for _ in range(args.rounds):
         for label, root in (("before", there), ("after", here)):
-            done = subprocess.run([sys.executable, str(root / "benchmarks" / "grading_batch.py"), "--json",
-                                   "--labs", *args.labs, "--workers", str(args.workers)],
-                                  cwd=root, capture_output=True, text=True)
+            # this script each time, importing the grader (and the prepared submissions) of `root`
+            done = subprocess.run([sys.executable, __file__, "--json", "--labs", *args.labs,
+                                   "--workers", str(args.workers)],
+                                  cwd=root, capture_output=True, text=True,
+                                  env={**os.environ, "GRADING_BENCH_ROOT": str(root), "PYTHONPATH": str(root)})
             if done.returncode not in (0, 1) or not done.stdout.strip():
                 print(done.stdout + done.stderr)
                 return 2
