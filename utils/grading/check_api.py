@@ -53,29 +53,54 @@ def _refuse(*args, **kwargs):
     raise AssertionError(__import__("utils.grading.check_api", fromlist=["_"]).active_forbidden()[1])
 
 
+class _ReadOnly(type):
+    """A class whose attributes cannot be assigned or deleted: `CodeSwap` here, the grader's
+    entry point in the student's kernel (`student_side`)."""
+
+    def __setattr__(cls, name, value):
+        raise AttributeError("the grader's classes in the kernel are read-only")
+
+    def __delattr__(cls, name):
+        raise AttributeError("the grader's classes in the kernel are read-only")
+
+
+class CodeSwap(metaclass=_ReadOnly):
+    """The ban itself: while open, the named functions run `_refuse`'s code instead of their
+    own. Every helper it uses is bound when this module is imported (default arguments) and
+    its class refuses attribute assignment, so that code in a student's kernel that later
+    replaces ``importlib``, ``getattr`` or this module's names does not lift it there."""
+
+    def __init__(self, targets, message: str, *, _import=importlib.import_module, _getattr=getattr,
+                 _hasattr=hasattr, _refusal=_refuse.__code__, _active=_ACTIVE, _str=str, _tuple=tuple):
+        functions = []
+        for target in targets:
+            module, _, name = _str(target).rpartition(".")
+            function = _getattr(_import(module), name, None)
+            if function is None or not _hasattr(function, "__code__"):
+                raise ValueError(f"{target} is not a Python function: name a function as package.module.function")
+            functions.append(function)
+        self.functions, self.block = functions, (_tuple(targets), _str(message))
+        self.refusal, self.active = _refusal, _active
+
+    def __enter__(self) -> None:
+        self.saved = [(f, f.__code__) for f in self.functions]
+        self.active.append(self.block)
+        for f in self.functions:
+            f.__code__ = self.refusal
+
+    def __exit__(self, *_exc) -> None:
+        self.active.pop()
+        for f, code in self.saved:
+            f.__code__ = code
+
+
 @contextlib.contextmanager
 def forbidding(*targets: str, message: str) -> Iterator[None]:
     """Forbid the functions named ``package.module.function`` inside the block.
 
-    In this process their code is swapped for one raising ``AssertionError(message)``; calls
-    the judge forwards to the student's kernel carry the list, and the kernel swaps them the
-    same way for the duration of each call.
+    In this process their code is swapped for one raising ``AssertionError(message)``
+    (`CodeSwap`); calls the judge forwards to the student's kernel carry the list, and the
+    kernel swaps them the same way for the duration of each call.
     """
-    functions = []
-    for target in targets:
-        module, _, name = target.rpartition(".")
-        function = getattr(importlib.import_module(module), name, None)
-        if function is None or not hasattr(function, "__code__"):
-            raise ValueError(f"{target} is not a Python function: name a function as package.module.function")
-        functions.append(function)
-
-    saved = [(f, f.__code__) for f in functions]
-    _ACTIVE.append((tuple(targets), message))
-    try:
-        for f in functions:
-            f.__code__ = _refuse.__code__
+    with CodeSwap(targets, message):
         yield
-    finally:
-        _ACTIVE.pop()
-        for f, code in saved:
-            f.__code__ = code

@@ -11,13 +11,13 @@ values of those that are not callable.
 Nothing here is trusted, and nothing here trusts the student's namespace:
 
 * **Reached without a name.** The grader's cells find `Entry` as the first class of that
-  name in this module among ``object``'s subclasses (`ENTRY_EXPRESSION`), a path made of literals and
-  attributes of builtin types only: no name is looked up in the student's globals, so
+  name in this module among ``object``'s subclasses (`ENTRY_EXPRESSION`), a path made of
+  literals and attributes of builtin types only: no name is looked up in the student's globals, so
   rebinding ``__import__``, ``__builtins__`` or anything else there changes nothing. The
   grader arms it (`arm`) before any student cell runs, so a look-alike class a submission
   defines later comes after it in that list.
 * **Its helpers captured when it was defined.** The functions it relies on (the codec, the
-  ban's code swap, ``getattr``) are default arguments, bound when this module was imported;
+  ban's code swap `check_api.CodeSwap`, ``callable``) are default arguments, bound when this module was imported;
   the reply channel and the student's namespace are taken when it is armed and kept in a
   closure: replacing them in this module, in `codec`, `check_api` or in ``builtins``
   afterwards does not reach a check. The entry's classes refuse attribute assignment.
@@ -37,61 +37,22 @@ with values it computed itself.
 from __future__ import annotations
 
 import builtins
-import importlib
 from typing import Any
 
 from . import codec
-from .check_api import _ACTIVE, _refuse
+from .check_api import CodeSwap, _ReadOnly
 from .kernel_output import REPLY_MIME
+
 MESSAGE_CHARS = 2000
 ENTRY_EXPRESSION = ("[c for c in ().__class__.__base__.__subclasses__() "
                     "if c.__module__ == 'utils.grading.student_side' and c.__name__ == 'Entry'][0]")
 """How the grader's cells reach `Entry` without looking up any name in the student's namespace."""
 
 
-class _ReadOnly(type):
-    """A class whose attributes cannot be assigned or deleted (the entry and its ban)."""
-
-    def __setattr__(cls, name, value):
-        raise AttributeError("the grader's entry point is read-only")
-
-    def __delattr__(cls, name):
-        raise AttributeError("the grader's entry point is read-only")
-
-
 def _builtin_types(error: BaseException, *, _builtins=builtins, _getattr=getattr) -> list[str]:
     """The builtin exception classes `error` is an instance of, most specific first."""
     return [k.__name__ for k in type(error).__mro__
             if _getattr(_builtins, k.__name__, None) is k and issubclass(k, BaseException)]
-
-
-class _Forbidden(metaclass=_ReadOnly):
-    """While open, the named library functions run `check_api`'s refusal instead of their
-    code (the same swap `check_api.forbidding` makes in the judge), with every helper
-    captured at import."""
-
-    def __init__(self, targets: list[str], message: str, *, _import=importlib.import_module, _getattr=getattr,
-                 _hasattr=hasattr, _refusal=_refuse.__code__, _active=_ACTIVE, _str=str):
-        functions = []
-        for target in targets:
-            module, _, name = _str(target).rpartition(".")
-            function = _getattr(_import(module), name, None)
-            if function is None or not _hasattr(function, "__code__"):
-                raise ValueError(f"{target} is not a Python function")
-            functions.append(function)
-        self.functions, self.block = functions, (tuple(targets), _str(message))
-        self.refusal, self.active = _refusal, _active
-
-    def __enter__(self) -> None:
-        self.saved = [(f, f.__code__) for f in self.functions]
-        self.active.append(self.block)
-        for f in self.functions:
-            f.__code__ = self.refusal
-
-    def __exit__(self, *_exc) -> None:
-        self.active.pop()
-        for f, code in self.saved:
-            f.__code__ = code
 
 
 def _make_entry() -> type:
@@ -101,8 +62,7 @@ def _make_entry() -> type:
 
     def fingerprint() -> dict[str, tuple]:
         functions = {name: value.__func__ for name, value in vars(Entry).items() if isinstance(value, staticmethod)}
-        functions.update({f"_Forbidden.{name}": getattr(_Forbidden, name) for name in ("__init__", "__enter__",
-                                                                                       "__exit__")})
+        functions.update({f"CodeSwap.{name}": getattr(CodeSwap, name) for name in ("__init__", "__enter__", "__exit__")})
         return {name: (f.__code__, f.__defaults__, tuple((f.__kwdefaults__ or {}).items()))
                 for name, f in functions.items()}
 
@@ -134,7 +94,7 @@ def _make_entry() -> type:
         @staticmethod
         def call(name: str, arguments: str, forbid: list[str] | None = None, message: str = "", *,
                  _decode=codec.decode, _encode=codec.encode, _encode_error=codec.EncodeError,
-                 _forbidden=_Forbidden, _types=_builtin_types, _callable=callable, _str=str, _id=id,
+                 _forbidden=CodeSwap, _types=_builtin_types, _callable=callable, _str=str, _id=id,
                  _type=type) -> None:
             """Call the student's `name` with `arguments` (codec text of ``[args, kwargs]``),
             the functions in `forbid` refused meanwhile, and reply with the result or the
