@@ -88,6 +88,7 @@ attempt("read_git", lambda: len(open(args["git_head"]).read()))
 attempt("read_lab", lambda: len(open(args["lab"]).read()))
 attempt("read_output", lambda: len(open(args["output_file"]).read()))
 attempt("list_other_submission", lambda: os.listdir(args["other"]))
+attempt("read_classmate", lambda: len(open(args["classmate"]).read()))
 attempt("write_project", lambda: open(os.path.join(args["project"], "isolation-probe"), "w").close())
 attempt("write_output", lambda: open(os.path.join(args["output"], "forged.csv"), "w").close())
 attempt("write_scratch", lambda: open(os.path.join(args["scratch"], "mine.txt"), "w").write("x"))
@@ -109,17 +110,21 @@ def test_a_sandboxed_process_reads_and_writes_only_what_it_may(tmp_path, outside
     (output / "instructor").mkdir(parents=True)
     (output / "grades.csv").write_text("student,total\n", encoding="utf-8")
     lab.write_text(SOLUTION.read_text(encoding="utf-8"), encoding="utf-8")
+    # The batch's submissions folder, outside /tmp, as `batch` hides it: a classmate's notebook in it.
+    classmates = outside / "submissions"
+    classmates.mkdir()
+    (classmates / "classmate.ipynb").write_text("{}", encoding="utf-8")
     for path in (tmp_path, other, output, output / "instructor"):
         path.chmod(0o777)  # writable by any uid, even the kernel's
     listener = socket.create_server(("127.0.0.1", 0))
     args = {"solution": str(SOLUTION), "solutions": str(SOLUTION.parent), "git_head": str(ROOT / ".git" / "HEAD"),
             "lab": str(lab), "output_file": str(output / "grades.csv"), "output": str(output),
-            "other": str(other), "project": str(ROOT), "scratch": str(scratch), "grader": os.getpid(),
+            "other": str(other), "classmate": str(classmates / "classmate.ipynb"), "project": str(ROOT), "scratch": str(scratch), "grader": os.getpid(),
             "port": listener.getsockname()[1]}
     # What the kernel would get without isolation: all of it is there and readable.
     assert SOLUTION.read_text(encoding="utf-8") and lab.stat().st_size > 0 and (output / "grades.csv").exists()
     try:
-        done = _sandboxed(Isolation(scratch, hide=(output, lab)), PROBE.replace("ARGS", repr(args)))
+        done = _sandboxed(Isolation(scratch, hide=(output, lab, classmates)), PROBE.replace("ARGS", repr(args)))
     finally:
         listener.close()
         written = (ROOT / "isolation-probe").exists()
@@ -132,6 +137,7 @@ def test_a_sandboxed_process_reads_and_writes_only_what_it_may(tmp_path, outside
     assert found["read_lab"] in (["ok", 0], ["error", errno.EACCES])  # /dev/null (nodev) over it
     assert found["read_output"][0] == "error"
     assert found["list_other_submission"][0] == "error"      # a private /tmp
+    assert found["read_classmate"][0] == "error"             # the batch's submissions folder, hidden
     assert found["write_project"][0] == "error" and found["write_project"][1] in ERRORS, found
     assert found["write_output"][0] == "error" and found["write_output"][1] in ERRORS, found
     assert found["write_scratch"][0] == "ok" and (scratch / "mine.txt").read_text() == "x"
