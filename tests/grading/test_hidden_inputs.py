@@ -2,11 +2,13 @@
 per submission and records in its result, so that answers prepared from an earlier grading's
 inputs do not fit and a regrade with the recorded seed draws the same inputs again.
 
-A lab 3 submission prints the first costs it is called with (what it sees in each check);
-the instructor's executed notebook keeps what a function prints during a check."""
+Lab 3 submissions print what they are called with in each check (the instructor's executed
+notebook keeps what a function prints during a check): the inputs differ between seeds, and a
+table of answers recorded in one grading earns nothing in the next."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
@@ -68,3 +70,53 @@ def test_hidden_inputs_are_fresh_per_grading_and_the_same_again_with_the_recorde
     assert again == first      # a regrade with the recorded seed: the same inputs
     assert other != first      # another seed: other inputs (a prepared table no longer fits)
     assert other_total == 10
+
+
+RECORDER = "\n\n_correct_partition = balanced_partition\n\n\n" \
+           "def balanced_partition(costs, num_stages):\n" \
+           "    answer = _correct_partition(costs, num_stages)\n" \
+           "    print('ENTRY', repr([list(costs), num_stages, list(answer)]))\n" \
+           "    return answer\n"
+
+
+def _graded(tmp_path, name: str, nb: dict, seed: int) -> tuple:
+    folder = tmp_path / name / "submissions"
+    folder.mkdir(parents=True)
+    (folder / f"{name}.ipynb").write_text(json.dumps(nb, ensure_ascii=False), encoding="utf-8")
+    [result] = grade_batch(LAB.path, folder, tmp_path / name / "out", workers=1, echo=lambda text: None,
+                           options=Options(timeout=TEST_TIMEOUT, seed=seed))
+    executed = json.loads((tmp_path / name / "out" / "instructor" / f"{name}.ipynb").read_text(encoding="utf-8"))
+    return result, executed
+
+
+def _with_answer(kind: str, extra: str) -> dict:
+    nb = json.loads(build(LAB, kind))
+    cell = next(c for c in nb["cells"] if (c.get("metadata", {}).get("grading") or {}).get("task")
+                == "balanced_partition" and c["metadata"]["grading"]["kind"] == "answer")
+    cell["source"] = "".join(cell["source"]) + extra
+    return nb
+
+
+def test_a_table_of_answers_from_an_earlier_grading_earns_nothing_more(tmp_path):
+    """The route of the review (issue 37, point 4): a wrong algorithm plus a table of the right
+    answers for the hidden inputs an earlier grading drew. Replayed with that grading's seed the
+    table pays; with the fresh seed of a new grading the submission gets its honest score."""
+    _, executed = _graded(tmp_path, "recorder", _with_answer("correct", RECORDER), seed=11)
+    table = {}
+    for c in executed["cells"]:
+        if ((c["metadata"].get("grading_run") or {}).get("check") or "").startswith("balanced_hidden"):
+            text = "".join("".join(o["text"]) for o in c["outputs"] if o.get("output_type") == "stream")
+            for line in text.splitlines():
+                if line.startswith("ENTRY "):
+                    costs, p, answer = ast.literal_eval(line[len("ENTRY "):])
+                    table[repr((costs, p))] = answer
+    assert len(table) > 50
+    lookup = (f"\n\n_TABLE = {table!r}\n_wrong_partition = balanced_partition\n\n\n"
+              "def balanced_partition(costs, num_stages):\n"
+              "    return _TABLE.get(repr((list(costs), num_stages))) or _wrong_partition(costs, num_stages)\n")
+    honest, _ = _graded(tmp_path, "honest", json.loads(build(LAB, "partly_wrong")), seed=12)
+    replayed, _ = _graded(tmp_path, "replayed", _with_answer("partly_wrong", lookup), seed=11)
+    fresh, _ = _graded(tmp_path, "fresh", _with_answer("partly_wrong", lookup), seed=12)
+    task = "balanced_partition"
+    assert replayed.per_task(LAB)[task] > honest.per_task(LAB)[task]  # the old inputs again: the table pays
+    assert fresh.per_task(LAB)[task] == honest.per_task(LAB)[task]    # fresh inputs: the honest score
