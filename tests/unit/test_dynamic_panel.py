@@ -128,3 +128,18 @@ def test_a_static_run_has_no_dynamic_parts():
     assert panel.decisions.value == ""
     assert panel.partition_figure is None and not panel.partition_plot.outputs
     assert "diagnosis:" in panel.diagnosis.value
+
+
+def test_the_status_line_names_a_move_while_the_job_runs():
+    from utils.jobs.rundir import PartitionChange
+
+    spec = dataclasses.replace(BASE, rebalance=Rebalance(every=2, window=2))
+    moves: list = []
+    job = SimpleNamespace(spec=spec, started=0.0, run_dir=SimpleNamespace(partition_changes=lambda: list(moves)))
+    panel = RunPanel(spec, lang="zh")
+    row = {"step": 5, "loss": 1.25, "seconds": 0.1}
+    panel._show_progress(job, [row])
+    assert "step 6/8" in panel.status.value and "重切分" not in panel.status.value
+    moves.append(PartitionChange(step=6, boundaries=(0, 4, 6)))
+    panel._show_progress(job, [row, {**row, "step": 6}])
+    assert "重切分 @ step 6 → [0, 4, 6]" in panel.status.value
