@@ -146,3 +146,17 @@ def test_command_line_prints_each_submission_with_its_time(graded):
         total = sum(EXPECTED[kind].values())
         assert f"{kind}: {total:g}/10 in " in stdout
     assert "没有 notebook" in results["no_notebook"].error
+
+
+@pytest.mark.parametrize("kind", ["namespace_hook", "entry_swap", "fresh_copy"])
+def test_the_single_grade_path_treats_the_routes_alike(tmp_path, kind):
+    """Issue 37: one notebook graded on its own (`grade_notebook`, no batch worker) gets the
+    same score and review notes as in the batch above."""
+    from tests.grading.submissions import TEST_TIMEOUT, build
+    from utils.grading.grade import Options, grade_notebook
+
+    path = tmp_path / f"{kind}.ipynb"
+    path.write_text(build(LAB, kind), encoding="utf-8")
+    result = grade_notebook(LAB, path, kind, Options(timeout=TEST_TIMEOUT))
+    assert result.per_task(LAB) == EXPECTED[kind], not_passed(result)
+    assert result.review, kind
