@@ -25,7 +25,7 @@ WINDOW = 40
 """How near (characters, either side) the English name must stand."""
 
 # Prose only: headings, code spans, fenced code, math, link targets and HTML tags are skipped.
-_SKIP = re.compile(r"^#.*$|```.*?```|`[^`\n]*`|\$\$.*?\$\$|\$[^$\n]*\$|\]\([^)]*\)|<[^>\n]*>", re.M | re.S)
+_SKIP = re.compile(r"^#[^\n]*$|```.*?```|`[^`\n]*`|\$\$.*?\$\$|\$[^$\n]*\$|\]\([^)]*\)|<[^>\n]*>", re.M | re.S)
 
 
 def _blanked(text: str) -> str:
