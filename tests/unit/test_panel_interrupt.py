@@ -42,6 +42,16 @@ class EndlessJob:
         raise W.JobFailed(f"job endless {self.state}: {self.reason}", None)
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, as in a terminal or a busy kernel, whatever this
+    process inherited: a test suite run as a background job of a script inherits SIGINT
+    ignored, and Python then leaves it so."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture
 def endless(monkeypatch):
     jobs: list[EndlessJob] = []
