@@ -273,24 +273,31 @@ def test_a_submission_that_fills_the_disk_is_stopped_and_the_batch_goes_on(tmp_p
     assert "disk budget exceeded" in log
 
 
-FLOOD = 'for _ in range(200):\n    print("x" * 10 ** 6)\n'
-
-
-def test_an_output_flood_grows_neither_the_grader_nor_the_instructor_notebook(tmp_path):
-    """Attack D: 200 MiB printed by one cell."""
+def _graded_through_the_command_line(tmp_path, name: str, extra: str) -> tuple[str, float, Path]:
+    """A correct lab 3 submission with `extra` in the stage_loads answer cell, graded as an
+    instructor types it, one worker: what it printed, the grading process's peak memory (MiB;
+    sampled every 10 ms and its own ru_maxrss from the log, the larger) and the output folder."""
     folder = tmp_path / "submissions"
     folder.mkdir()
-    (folder / "flood.ipynb").write_text(submission("stage_loads", FLOOD), encoding="utf-8")
+    (folder / f"{name}.ipynb").write_text(submission("stage_loads", extra), encoding="utf-8")
     out = tmp_path / "out"
     batch = subprocess.Popen([sys.executable, "-m", "utils.grading", "grade", "lab03", str(folder), "--out", str(out),
                               "--workers", "1", "--timeout", str(TEST_TIMEOUT)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stdout, sampled = _run_sampling(batch, _workers_rss, every=0.01, timeout=300)
     assert batch.returncode == 0, stdout
-    assert "flood: 10/10" in stdout
-    log = (out / "instructor" / "flood.log").read_text(encoding="utf-8")
+    log = (out / "instructor" / f"{name}.log").read_text(encoding="utf-8")
     logged = re.search(r"grading process peak RSS (\d+) MiB", log)  # the grading process's own ru_maxrss
-    peak = max(sampled / 1024 ** 2, float(logged.group(1)) if logged else 0.0)
+    return stdout, max(sampled / 1024 ** 2, float(logged.group(1)) if logged else 0.0), out
+
+
+FLOOD = 'for _ in range(200):\n    print("x" * 10 ** 6)\n'
+
+
+def test_an_output_flood_grows_neither_the_grader_nor_the_instructor_notebook(tmp_path):
+    """Attack D: 200 MiB printed by one cell."""
+    stdout, peak, out = _graded_through_the_command_line(tmp_path, "flood", FLOOD)
+    assert "flood: 10/10" in stdout
     assert peak < 300, f"the grading process reached {peak:.0f} MiB"
     executed = out / "instructor" / "flood.ipynb"
     assert executed.stat().st_size < 1024 ** 2
@@ -322,24 +329,13 @@ type(_ip.display_pub).publish(_ip.display_pub, {"text/html": "z" * (300 * 2 ** 2
 def test_a_huge_display_that_undoes_the_kernels_bound_never_reaches_the_grader(tmp_path):
     """Issue 37, point 8: 300 MiB in one display, sent around the kernel's bound. Before: the
     grading process read it whole (~960 MiB); now its socket refuses the message unread."""
-    folder = tmp_path / "submissions"
-    folder.mkdir()
-    (folder / "display.ipynb").write_text(submission("stage_loads", HOSTILE_DISPLAY), encoding="utf-8")
-    out = tmp_path / "out"
-    batch = subprocess.Popen([sys.executable, "-m", "utils.grading", "grade", "lab03", str(folder), "--out", str(out),
-                              "--workers", "1", "--timeout", str(TEST_TIMEOUT)],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    stdout, sampled = _run_sampling(batch, _workers_rss, every=0.01, timeout=300)
-    assert batch.returncode == 0, stdout
+    _, peak, out = _graded_through_the_command_line(tmp_path, "display", HOSTILE_DISPLAY)
     result = json.loads((out / "instructor" / "display.result.json").read_text(encoding="utf-8"))["result"]
     # The cell that sent it fails with a clear note (its function is lost with the kernel, which is
     # replaced); the grading goes on: the other tasks' checks pass.
     assert any("超过了每条消息 32 MiB 的上限" in issue["message"] for issue in result["issues"]), result["issues"]
     statuses = {c["id"]: c["status"] for c in result["checks"]}
     assert all(status == "passed" for cid, status in statuses.items() if cid.startswith("balanced")), statuses
-    log = (out / "instructor" / "display.log").read_text(encoding="utf-8")
-    logged = re.search(r"grading process peak RSS (\d+) MiB", log)
-    peak = max(sampled / 1024 ** 2, float(logged.group(1)) if logged else 0.0)
     assert peak < 300, f"the grading process reached {peak:.0f} MiB"
     assert (out / "instructor" / "display.ipynb").stat().st_size < 1024 ** 2
 

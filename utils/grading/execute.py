@@ -256,6 +256,7 @@ class KernelSession:
         self._pid: int | None = None
         self.token = ""
         """The token the entry point of this kernel signs its replies with (set by `start`)."""
+        self._iopub_events = None  # the output socket's monitor (set by `start`)
 
     async def start(self) -> None:
         isolation = isolation_for(self.limits.isolation, self.workdir, self.limits.hide)
@@ -338,7 +339,7 @@ class KernelSession:
         """Whether the grader's output socket dropped its connection since the last look: it
         does so for a message over `Budget.message_mib` (ZMQ_MAXMSGSIZE), and does not get
         the kernel's output back, so the kernel must be replaced."""
-        events = getattr(self, "_iopub_events", None)
+        events = self._iopub_events
         refused = False
         while events is not None and await events.poll(0):
             await events.recv_multipart()
@@ -363,7 +364,7 @@ class KernelSession:
         end_process_tree(children, grace=3.0)  # listed before the shutdown, while still its children
         if self.contained is not None:  # and whatever escaped the kernel's tree (re-parented to us)
             self.contained.end_all(grace=1.0)
-        if getattr(self, "_iopub_events", None) is not None:
+        if self._iopub_events is not None:
             self._iopub_events.close(linger=0)
         self._stack, self.client, self._pid, self._iopub_events = None, None, None, None
 
