@@ -78,50 +78,13 @@ def units(cost, n: int, length: int) -> float:
     return cost(n, length) - cost.overhead
 
 
-#: What a rank does for one micro-batch besides computing it, and cannot compute meanwhile:
-#: loading it and the transfer part of its blocking send (as `measured_stage_costs` counts).
-BUSY_WITH = {"forward": ("load", "send_act"), "backward": ("send_grad",)}
-
-
-def fit(run, cost):
-    """Per stage and kind: seconds = a + b × units (the plan's cost model), least squares over
-    the run's steps 1...; the seconds are the instruction's plus what `BUSY_WITH` adds for the
-    same micro-batch."""
-    from utils.analysis.intervals import transfer_intervals
-
-    table = plans(run)
-    fitted = {}
-    for stage in range(2):
-        for kind in ("forward", "backward"):
-            xs, ys = [], []
-            for step, (plan, _) in table.items():
-                if step == 0:
-                    continue
-                events = run.timeline.select(step=step)
-                transfer = transfer_intervals(list(events))
-                extra: dict[int, float] = {}
-                for e in events:
-                    if e.stage == stage and e.kind in BUSY_WITH[kind]:
-                        start, end = transfer.get(id(e), (e.start, e.end))
-                        extra[e.micro_batch] = extra.get(e.micro_batch, 0.0) + end - start
-                computed = sorted((e for e in events if e.stage == stage and e.kind == kind),
-                                  key=lambda e: e.micro_batch)
-                for e, group, length in zip(computed, plan.groups, plan.padded):
-                    xs.append(units(cost, len(group), length))
-                    ys.append(e.duration + extra.get(e.micro_batch, 0.0))
-            mx, my = statistics.fmean(xs), statistics.fmean(ys)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-            fitted[stage, kind] = (my - slope * mx, slope)
-    return fitted
-
-
 def predict(run, fitted, cost, outside: float) -> list[float]:
     from utils import build_schedule, simulate
 
     predicted = []
     for step, (plan, _) in plans(run).items():
         def seconds(stage, kind):
-            a, b = fitted[stage, kind]
+            a, b = fitted[stage, kind].fixed_s, fitted[stage, kind].per_unit_s
             return [a + b * units(cost, len(g), length) for g, length in zip(plan.groups, plan.padded)]
 
         timeline = simulate(build_schedule("1f1b", 2, plan.micro_batches),
@@ -136,6 +99,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     from utils import get_model, run_job
+    from utils.analysis.microbatch_fit import fit_micro_batch_costs
     from utils.workloads.varlen import default_cost
 
     model = get_model(MODEL["model"], MODEL["model_options"])
@@ -148,7 +112,7 @@ def main() -> None:
         gap = max(abs(a - b) / abs(b) for a, b in zip(run.losses, reference))
         assert gap <= 1e-5, f"{name} trained differently from pad-to-max (relative gap {gap:.2g})"
     cost = default_cost(model)
-    fitted = fit(runs["sorted"], cost)
+    fitted = fit_micro_batch_costs(runs["sorted"], cost)
     sorted_run = runs["sorted"]
     spans = [max(e.end for e in sorted_run.timeline.select(step=s)) - min(e.start for e in sorted_run.timeline.select(step=s))
              for s in range(1, args.steps)]
@@ -156,7 +120,7 @@ def main() -> None:
                - min(e.start for e in sorted_run.timeline.select(step=s, kinds=("load", "forward")))
                for s in range(1, args.steps)]
     outside = statistics.median(a - b for a, b in zip(spans, compute))
-    fixed, per_unit = fitted[1, "backward"]
+    fixed, per_unit = fitted[1, "backward"].fixed_s, fitted[1, "backward"].per_unit_s
     print(f"model {MODEL}, 2 stages, {SAMPLES} samples per step, {args.steps} steps, token budget {budget}")
     print(f"fit on the sorted job (stage 1 backward): {fixed * 1e3:.2f} ms + {per_unit * 1e6:.3f} µs per token "
           f"unit: the fixed cost of a micro-batch is about {fixed / per_unit:.0f} token units (the plan assumes "

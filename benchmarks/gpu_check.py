@@ -16,7 +16,9 @@ What one GPU can honestly run, and what is checked there:
 3. Per-layer profiling on the GPU feeding the simulator, printed as 模拟 (simulated): the
    predicted bubble of a 4-stage exact partition, a prediction, not a run.
 4. The dynamic half: the per-layer cost meter's CUDA events with freezing, and variable-length
-   token-budget micro-batches.
+   token-budget micro-batches, on which the fixed cost of a micro-batch is fitted in token
+   units (`utils.analysis.microbatch_fit`; the plans assume `varlen.OVERHEAD_TOKENS`, a CPU
+   figure).
 
 Multi-stage jobs need a GPU per rank (NCCL refuses two ranks on one GPU); with >= 2 GPUs it
 also runs a 2-stage job over NCCL, the tracer overhead benchmark, a live re-partition (loss
@@ -165,10 +167,19 @@ def dynamic_half(device: str, results: dict) -> None:
     tokens = model.options["seq_len"]
     budget = utils.run_job(job_spec(device, num_stages=1, micro_batches=4, batching="token-budget",
                                     token_budget=4 * tokens, name="gpu-check-varlen"), progress=False)
+    # The fixed cost of a micro-batch on this device, in token units (chapter 19's `a`): the plan
+    # assumes varlen.OVERHEAD_TOKENS, fitted on a 2-core CPU.
+    from utils.analysis.microbatch_fit import fit_micro_batch_costs
+    from utils.workloads.varlen import OVERHEAD_TOKENS, default_cost
+
+    fitted = fit_micro_batch_costs(budget, default_cost(model))
     results["dynamic"] = row = {
         "meter_forward_ms": [ms(f) for f, _ in costs.values()], "frozen_layers": freeze,
         "token_budget_losses": [round(x, 5) for x in budget.losses],
-        "token_budget_micro_batches": [len(v) for v in budget.micro_batch_tokens.values()]}
+        "token_budget_micro_batches": [len(v) for v in budget.micro_batch_tokens.values()],
+        "fixed_cost_tokens": {kind: round(fit.fixed_tokens, 1) for (_, kind), fit in fitted.items()},
+        "fixed_cost_ms": {kind: ms(fit.fixed_s) for (_, kind), fit in fitted.items()},
+        "fixed_cost_points": fitted[0, "forward"].points, "plan_assumes_tokens": OVERHEAD_TOKENS}
     print(f"dynamic half: {json.dumps(row)}")
 
 

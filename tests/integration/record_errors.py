@@ -49,6 +49,7 @@ FAULTS = {
     "fault_shape_step0": ({"kind": "mismatch", "stage": 0, "step": 0}, "shape-mismatch"),
     "fault_memory": ({"kind": "memory", "stage": 1, "cap_mb": 1}, "out-of-memory"),
     "fault_raise": ({"kind": "raise", "stage": 1, "step": 1}, "injected-fault"),
+    "fault_exhausted": ({"kind": "exhausted", "stage": 0, "step": 1}, "data-exhausted"),
 }
 
 #: case -> (JobSpec fields over the small GPT's, expected code): dynamic features misused.

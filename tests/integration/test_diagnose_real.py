@@ -144,6 +144,22 @@ def test_a_hang_ends_within_its_timeout_with_every_ranks_stacks(runs_root):
     assert d.primary.evidence["chains"] == ["rank 0 (recv_grad) → rank 1 (forward)"]
 
 
+def test_a_collective_on_one_rank_only_is_a_deadlock(runs_root):
+    # Rank 0 alone enters an all-reduce at the start of its step-1 forward; rank 1 waits for its
+    # activation: each waits for the other until the job's timeout (30 s: as the hang above).
+    with pytest.raises(JobFailed) as caught:
+        run_job(_spec(Fault(kind="collective", stage=0, step=1), timeout=30), progress=False)
+    run = caught.value.run
+    assert run.state == "timeout" and job_processes(run.path) == []
+    d = diagnose(run)
+    assert d.kind == "hung" and d.primary.code == "deadlock", d
+    assert sorted(d.primary.evidence["cycle"]) == [0, 1] and d.primary.evidence["in_collective"] == [0]
+    assert _where(d.primary)[:4] == (0, 0, "forward", 1)
+    assert "all_reduce" in d.primary.cause and "on every rank of its group" in d.primary.fix
+    waiting = {f.where.rank: f for f in d.findings if f.code == "waiting"}
+    assert _where(waiting[1]) == (1, 1, "recv_act", 1, 0) and "for rank 0" in waiting[1].what
+
+
 def test_a_config_deepspeed_rejects_is_explained(runs_root):
     # strict=False launches although the linter objects, so DeepSpeed's own assertion is what fails.
     run, d = _failed(_spec(strict=False, deepspeed_config={"train_batch_size": 12}, steps=1))

@@ -160,3 +160,19 @@ def test_pipeline_keys_come_from_deepspeeds_code():
     assert lint_config({"train_batch_size": 8, "pipeline": {"stages": "auto"}, **ADAM}) == []  # DeepSpeed's default
     assert [(f.key, f.severity) for f in stages] == [("pipeline.stages", "warning")]
     assert "PipelineModule" in stages[0].fix
+
+
+@pytest.mark.parametrize("section, warned", [({"enabled": False}, True), ({}, True), ({"enabled": True}, False),
+                                             ({"enabled": False, "verbose": True}, True)])
+def test_a_comms_logger_section_is_on_whatever_its_enabled_says(section, warned):
+    from deepspeed.comm.config import DeepSpeedCommsConfig
+    from deepspeed.utils.comms_logging import CommsLogger
+
+    logger = CommsLogger()
+    logger.configure(DeepSpeedCommsConfig({"comms_logger": section}))
+    assert logger.enabled is True  # DeepSpeed's behaviour the rule rests on: the section's presence decides
+    config = {**ADAM, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "comms_logger": section}
+    found = [f for f in lint_config(config) if f.key == "comms_logger.enabled"]
+    assert bool(found) == warned
+    if warned:
+        assert found[0].severity == "warning" and "remove the whole 'comms_logger' section" in found[0].fix

@@ -44,6 +44,9 @@ ROOT = Path(__file__).resolve().parents[2]
     ({}, Fault(kind="slow", replica=1), r"fault replica 1 is outside 0..0 \(data_parallel=1\)"),
     ({}, Fault(kind="slow", replica=-1), r"fault.replica must be at least 0"),
     ({}, Fault(kind="teleport"), r"unknown fault kind 'teleport'"),
+    ({"num_stages": 3}, Fault(kind="exhausted", stage=1), r"stage 1 loads no data.*needs stage 0 or 2"),
+    ({}, Fault(kind="exhausted", instruction="load"), r"'exhausted' fault takes no instruction"),
+    ({"num_stages": 1}, Fault(kind="collective"), r"a collective fault needs another rank"),
 ])
 def test_bad_faults_are_explained_before_launch(fields, fault, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -54,6 +57,8 @@ def test_bad_faults_are_explained_before_launch(fields, fault, message):
     Fault(kind="slow", stage=1, factor=2.5), Fault(kind="slow", stage=1, replica=1),
     Fault(kind="mismatch", stage=0, step=1), Fault(kind="mismatch", stage=1, instruction="backward", tensor="dtype"),
     Fault(kind="memory", stage=0, cap_mb=40), Fault(kind="raise", stage=1, replica=1, step=2),
+    Fault(kind="exhausted", stage=0, step=1), Fault(kind="exhausted", stage=1, replica=1),
+    Fault(kind="collective", stage=0, step=1, instruction="forward"),
 ])
 def test_good_faults_pass_and_round_trip(fault):
     spec = JobSpec(**SMALL, data_parallel=2, steps=3, fault=fault)
@@ -155,6 +160,35 @@ def test_a_mismatch_fault_on_the_backward_sends_a_wrong_gradient():
     injector.install(engine)
     engine.run(injector, 0, SendGrad, "send_grad", buffer_id=0)
     assert tuple(engine.sent[0].shape) == (2, 5, 3)
+
+
+def test_an_exhausted_fault_empties_the_loader_as_its_step_starts():
+    class LoadMicroBatch:
+        pass
+
+    class Loading:
+        """DeepSpeed's way: train_batch sets the iterator, LoadMicroBatch calls next() on it."""
+
+        def __init__(self):
+            self.data_iterator, self.loaded = None, []
+            self._INSTRUCTION_MAP = {LoadMicroBatch: Loading.load}
+
+        def load(self, buffer_id):
+            self.loaded.append(next(self.data_iterator))
+
+        def train_batch(self, injector, step, data):
+            self.data_iterator = data
+            for micro_batch in range(2):
+                injector.before(step, "load", micro_batch)
+                self._INSTRUCTION_MAP[LoadMicroBatch](self, buffer_id=0)
+
+    engine, data = Loading(), iter(range(100))
+    injector = FaultInjector(Fault(kind="exhausted", step=1), 0, "cpu")
+    injector.install(engine)
+    engine.train_batch(injector, 0, data)
+    with pytest.raises(StopIteration):
+        engine.train_batch(injector, 1, data)
+    assert engine.loaded == [0, 1]  # step 0 as ever; step 1 fails at its first load
 
 
 def test_the_classic_faults_strike_as_their_instruction_starts():

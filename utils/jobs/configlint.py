@@ -101,6 +101,7 @@ def lint_config(config: Mapping[str, Any], *, data_parallel: int = 1, num_stages
         findings += [Finding(*found) for found in engine_findings(config, parsed, num_stages=num_stages,
                                                                   device=device, scalar_defaults=scalar_defaults())
                      if error is None or found[0] not in BATCH_KEYS]
+    findings += _comms_logger_switch(config)
     unknown, errors = _unknown(config, {f.key for f in findings})
     findings += unknown
     if error is not None:  # every section DeepSpeed's validation rejects, not only the first
@@ -306,6 +307,21 @@ def _unknown(config: Mapping, already: set[str]) -> tuple[list[Finding], list[Ex
                                 f"did you mean {parent}{close[0]!r}?" if close else
                                 f"remove it (DeepSpeed reads {len(siblings)} keys here)"))
     return findings, errors
+
+
+def _comms_logger_switch(config: Mapping) -> list[Finding]:
+    """DeepSpeed turns its comms logger on whenever a ``"comms_logger"`` section is present
+    (``DeepSpeedCommsConfig``: ``'comms_logger' in ds_config``; ``CommsLogger.configure`` sets
+    ``enabled`` from that, not from the section's ``enabled``). A section that does not say
+    ``"enabled": true`` reads as off and is on."""
+    section = config.get("comms_logger")
+    if not isinstance(section, Mapping) or section.get("enabled") is True:
+        return []
+    said = "'enabled': false" if "enabled" in section else "no 'enabled' (its default is false)"
+    return [Finding("comms_logger.enabled", "warning",
+                    f"the section says {said}, but DeepSpeed turns the comms logger on whenever a 'comms_logger' "
+                    "section is present: every deepspeed.comm op is timed and followed by a device synchronize.",
+                    "remove the whole 'comms_logger' section to keep the logger off, or write 'enabled': true")]
 
 
 def _pipeline_section(section) -> list[Finding]:

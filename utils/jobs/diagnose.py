@@ -53,6 +53,7 @@ _FAULT_WORDS = {
     "raise": "raises a RuntimeError", "hang": "sleeps forever", "exit": "exits (code 3)",
     "killed": "is killed by SIGKILL", "slow": "runs its forwards and backwards {factor:g}× as long",
     "mismatch": "sends a tensor of the wrong {tensor}", "memory": "may allocate only {cap:g} MB more",
+    "exhausted": "has an empty data loader", "collective": "enters an all_reduce no other rank joins",
 }
 
 
@@ -303,18 +304,26 @@ def _hung(run: Run) -> tuple[str, list[Symptom]]:
         waits = [] if done or rank in stopped or status["instruction"] is None else waits_for(
             rank, instruction, num_stages=spec.num_stages, data_parallel=spec.data_parallel, in_collective=collective)
         state[rank] = {**status, "instruction": instruction, "stack": stack, "waits": waits, "done": done,
+                       "collective": collective and instruction not in _COMM_WAITS,
                        "for_s": round(ended - status["time"], 1) if status["time"] and ended else None}
     chains, culprits, cycle = _chains(state)
     findings: list[Symptom] = []
     if cycle:
-        text = " → ".join(f"rank {r} ({state[r]['instruction']})" for r in cycle + cycle[:1])
+        text = " → ".join(f"rank {r} ({state[r]['instruction']}{', in a collective' if state[r]['collective'] else ''})"
+                          for r in cycle + cycle[:1])
+        alone = [r for r in cycle if state[r]["collective"]]
         findings.append(Symptom(
             code="deadlock", what=f"ranks {sorted(cycle)} wait for each other: {text}",
-            where=_where_of(spec, cycle[0], state[cycle[0]]), evidence={"cycle": cycle, "chains": chains},
-            cause="each of them waits to receive (or in a collective) from another that waits too: their send/recv "
-                  "orders disagree",
-            fix="make every send meet its receive in the same order on both ranks (utils.runtime.lowering orders the "
-                "workbook's schedules so)"))
+            where=_where_of(spec, (alone or cycle)[0], state[(alone or cycle)[0]]),
+            evidence={"cycle": cycle, "chains": chains, "in_collective": alone},
+            cause=(f"rank(s) {alone} wait in a collective (its stack: "
+                   f"{stack_summary(state[alone[0]]['stack'].frames)}) that the ranks waiting for them never enter: "
+                   "a collective called on some ranks only" if alone else
+                   "each of them waits to receive from another that waits too: their send/recv orders disagree"),
+            fix=("call every collective on every rank of its group, in the same order (a metric reduced on rank 0 "
+                 "only, a barrier inside `if rank == 0:`)" if alone else
+                 "make every send meet its receive in the same order on both ranks (utils.runtime.lowering orders "
+                 "the workbook's schedules so)")))
     for rank in culprits:
         findings.append(_stuck(run, rank, state, rank in stopped, chains))
     for rank, info in state.items():
@@ -437,13 +446,15 @@ def _injected(run: Run) -> Symptom:
                                             cap=fault.cap_mb or 0)
     at = ("" if fault.kind in ("slow", "memory") else
           f" in {'send_act' if fault.instruction == 'forward' else 'send_grad'} (its first micro-batch)"
-          if fault.kind == "mismatch" else f" at the start of {fault.instruction}")
+          if fault.kind == "mismatch" else " at its first load" if fault.kind == "exhausted" else
+          f" at the start of {fault.instruction}")
     kind = "from" if fault.kind in ("slow", "memory") else "in"
     return Symptom(code="injected-fault", severity="info",
                    what=f"the spec injected this: rank {rank} (stage {fault.stage}) {words}{at} {kind} step {fault.step}",
                    where=Where(rank=rank, stage=fault.stage,
-                               instruction=None if fault.kind in ("slow", "memory") else fault.instruction,
+                               instruction=None if fault.kind in ("slow", "memory") else
+                               "load" if fault.kind == "exhausted" else fault.instruction,
                                step=fault.step),
                    evidence={"fault": {k: v for k, v in vars(fault).items() if v is not None
-                                       and not (k == "instruction" and fault.kind in ("slow", "memory"))}},
+                                       and not (k == "instruction" and fault.kind in ("slow", "memory", "exhausted"))}},
                    cause="JobSpec.fault, on purpose", fix="run the spec with fault=None")

@@ -131,6 +131,14 @@ PATTERNS: tuple[Pattern, ...] = (
             "in GPipe), gradients and optimizer state of its layers",
             "activation checkpointing (activation_checkpoint_interval), a smaller micro_batch_size, 1F1B instead of "
             "GPipe, fewer layers on this stage, or more stages"),
+    Pattern("data-exhausted", r"^StopIteration: .*?in _next_batch\n\s+batch = next\(self\.data_iterator\)",
+            "the data iterator given to train_batch ran out: each train_batch call takes gradient_accumulation_steps "
+            "(the micro-batch count) batches from it on the first stage (inputs) and the last (labels), and a "
+            "finite loader (a DataLoader's iterator) ends after len(loader) batches; the StopIteration leaves "
+            "train_batch as it is, with an empty message",
+            "wrap the loader in deepspeed.utils.RepeatingLoader (it starts the loader again when it ends), or give "
+            "each train_batch call an iterator with at least micro_batches batches left (steps × micro_batches in "
+            "all)"),
     Pattern("checkpoint-disk", r"CheckpointDiskError: .*?\((?P<what>(?:the checkpoint folder|the run directory) \S+ is not "
                                r"writable|no space left on the disk of \S+|not enough disk space for the restart-mode "
                                r"checkpoint)",

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 from utils.jobs.spec_checks import count
 from utils.timeline import INSTRUCTION_KINDS, InstructionKind
 
-FaultKind = Literal["raise", "hang", "exit", "killed", "slow", "mismatch", "memory"]
+FaultKind = Literal["raise", "hang", "exit", "killed", "collective", "slow", "mismatch", "memory", "exhausted"]
 MismatchKind = Literal["shape", "dtype"]
 
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
@@ -32,13 +32,20 @@ class Fault:
     kind: FaultKind = "raise"
     """``"raise"``: an exception; ``"hang"``: sleep forever; ``"exit"``: the process dies
     (exit code 3); ``"killed"``: the process is killed by SIGKILL, as the kernel's
-    out-of-memory killer does. These four strike as `instruction` starts in `step`.
+    out-of-memory killer does; ``"collective"``: the rank alone enters an all-reduce over
+    every rank (as a metric reduced on rank 0 only would), which the others never join: a
+    real deadlock, since they wait for it in their receives. These five strike as
+    `instruction` starts in `step`.
     ``"slow"``: a straggler: every forward and backward of the rank takes `factor` times as
     long, from `step` on. ``"mismatch"``: at `step` the rank sends a tensor of the wrong
     `tensor` (shape or dtype) to its neighbour, which fails with DeepSpeed's or torch's own
     error. ``"memory"``: from the start of `step` the rank may allocate at most `cap_mb` MB
     more (on CPU a limit on its address space, on CUDA a memory fraction): a bigger
-    allocation fails with the allocator's out-of-memory error, never the machine's."""
+    allocation fails with the allocator's out-of-memory error, never the machine's.
+    ``"exhausted"``: the rank's data loader runs out as `step` starts, as a finite loader
+    not wrapped in DeepSpeed's ``RepeatingLoader`` does: DeepSpeed's own ``next()`` in
+    ``PipelineEngine._next_batch`` raises ``StopIteration`` out of ``train_batch``. Only the
+    first stage (inputs) and the last (labels) load data."""
     stage: int = 0
     """Pipeline stage of the rank that fails."""
     step: int = 0
@@ -94,7 +101,7 @@ def check_fault(spec) -> None:
     for name, kind in (("factor", "slow"), ("tensor", "mismatch"), ("cap_mb", "memory")):
         if getattr(f, name) is not None and f.kind != kind:
             raise ValueError(f"fault {name} is for kind={kind!r} only; this fault is kind={f.kind!r}")
-    if f.kind in ("slow", "memory", "mismatch") and f.instruction not in (
+    if f.kind in ("slow", "memory", "mismatch", "exhausted") and f.instruction not in (
             ("forward", "backward") if f.kind == "mismatch" else ("forward",)):
         raise ValueError(f"a {f.kind!r} fault takes " + ("instruction 'forward' (the activation it sends) or "
                          "'backward' (the gradient it sends back)" if f.kind == "mismatch" else
@@ -112,6 +119,12 @@ def check_fault(spec) -> None:
             raise ValueError(f"stage {f.stage} sends no {'activation on' if f.instruction == 'forward' else 'gradient back'}"
                              f" ({spec.num_stages} stage(s)): a mismatch fault needs a neighbour to receive it; use "
                              + ("a stage before the last" if f.instruction == "forward" else "a stage after the first"))
+    if f.kind == "collective" and spec.world_size < 2:
+        raise ValueError("a collective fault needs another rank that does not join it: use 2 or more stages "
+                         "(or data_parallel >= 2)")
+    if f.kind == "exhausted" and f.stage not in (0, spec.num_stages - 1):
+        raise ValueError(f"stage {f.stage} loads no data (the first stage loads the inputs, the last the labels): "
+                         f"an exhausted-loader fault needs stage 0 or {spec.num_stages - 1}")
     if f.kind == "memory" and not (number(f.cap_mb) and f.cap_mb > 0):
         raise ValueError(f"a memory fault needs cap_mb, the MB its rank may allocate from step {f.step} on "
                          f"(a positive number such as 40), got {f.cap_mb!r}")

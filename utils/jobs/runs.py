@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
+from utils.analysis.comms import CommOp, comm_ops
 from utils.analysis.report import PARTIAL
 from utils.jobs.rundir import PartitionChange, RecordProblem, RunDir, RunState, runs_dir
 from utils.jobs.spec import JobSpec
@@ -247,6 +248,19 @@ class Run:
         """How the boundaries were chosen: ``"uniform"``, ``"parameters"``, ``"profile"`` or
         ``"explicit"`` (None if the record is missing)."""
         return self.partition_record.get("method")
+
+    # --- DeepSpeed's comms logger ------------------------------------------------------------------
+    @property
+    def comms(self) -> dict[int, dict]:
+        """Per rank, DeepSpeed's comms-logger record as the rank saved it (cumulative times,
+        `utils.analysis.comms`); empty unless the job's DeepSpeed config has a
+        ``"comms_logger"`` section."""
+        return {rank: data["comms"] for rank, data in self.results.items() if "comms" in data}
+
+    @property
+    def comm_ops(self) -> dict[int, list[CommOp]]:
+        """Per rank, every op of `comms` with its own duration (`utils.analysis.comms.comm_ops`)."""
+        return {rank: comm_ops(raw) for rank, raw in self.comms.items()}
 
     # --- memory and device -------------------------------------------------------------------------
     @property

@@ -3,7 +3,7 @@ that the launcher copes. A fault lives on one rank: replica `fault.replica` of `
 
 How each kind is made (`FaultInjector`):
 
-- ``raise``, ``hang``, ``exit``, ``killed``: as `fault.instruction` starts in `fault.step`
+- ``raise``, ``hang``, ``exit``, ``killed``, ``collective``: as `fault.instruction` starts in `fault.step`
   (its first micro-batch), from the tracer's `before` callback, so the status slot already
   names the instruction when the rank fails or blocks.
 - ``slow``: every forward and backward from `fault.step` on sleeps ``factor - 1`` times its
@@ -19,6 +19,10 @@ How each kind is made (`FaultInjector`):
   (gloo: "Received data size doesn't match expected size", the rank aborts). A *shorter*
   tensor would not fail at all on gloo: it fills the front of the larger buffer and the rest
   keeps stale data, silently.
+- ``exhausted``: as `fault.step` starts (its first ``LoadMicroBatch``) the engine's data
+  iterator is swapped for an empty one, so DeepSpeed's own ``next(self.data_iterator)`` in
+  ``PipelineEngine._next_batch`` raises ``StopIteration``, as a finite loader does when a
+  ``train_batch`` call needs more micro-batches than it has left.
 - ``memory``: from `fault.step` on the rank may allocate `fault.cap_mb` MB more than it
   holds then. On CPU the cap is a limit on its address space (``RLIMIT_AS``: the size it
   has + the cap), on CUDA ``torch.cuda.set_per_process_memory_fraction``: a bigger
@@ -42,7 +46,7 @@ from utils.timeline import KIND_OF_INSTRUCTION
 if TYPE_CHECKING:
     from utils.jobs.spec import Fault, JobSpec
 
-STRIKING = ("raise", "hang", "exit", "killed")
+STRIKING = ("raise", "hang", "exit", "killed", "collective")
 """Kinds that strike once, as an instruction starts."""
 SLOWED = ("forward", "backward")
 """Instruction kinds a ``slow`` fault stretches."""
@@ -86,6 +90,13 @@ class FaultInjector:
             os._exit(3)
         if self.fault.kind == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault.kind == "collective":  # an all-reduce no other rank joins: it ends only in its timeout
+            import torch
+            from deepspeed import comm as dist
+
+            print(f"injected fault: stage {self.stage} enters an all_reduce over every rank alone", flush=True)
+            dist.all_reduce(torch.zeros(1, device="cuda" if self.device == "cuda" else "cpu"))
+            return
         while True:  # "hang": block like a rank stuck in a collective
             time.sleep(3600)
 
@@ -104,6 +115,8 @@ class FaultInjector:
                 mapping[cls] = self._mismatched(fn, name)
             elif kind == "memory":
                 mapping[cls] = _lifting_cap_on_failure(fn)
+            elif kind == "exhausted" and name == "load":
+                mapping[cls] = self._exhausting(fn)
         engine._INSTRUCTION_MAP = mapping
 
     def _slowed(self, fn):
@@ -121,6 +134,18 @@ class FaultInjector:
             time.sleep((factor - 1.0) * (time.perf_counter() - started))
 
         return slowed
+
+    def _exhausting(self, fn):
+        injector = self
+
+        def exhausting(engine, **kwargs):
+            if injector.step == injector.fault.step and injector.micro_batch in (None, 0):
+                print(f"injected fault: stage {injector.stage}'s data loader is empty at step {injector.step}",
+                      flush=True)
+                engine.data_iterator = iter(())  # train_batch set it from data_iter as the step began
+            return fn(engine, **kwargs)
+
+        return exhausting
 
     def _mismatched(self, fn, name: str):
         injector = self

@@ -156,10 +156,9 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
                                 loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed,
                                 seed_fn=seed_layer, dynamic_shape=_varies(spec),
                                 activation_checkpoint_interval=spec.activation_checkpoint_interval,
-                                # DeepSpeed's default (re-entrant) checkpoint gives stage 0 outputs
-                                # without a grad_fn: its input (token ids) needs no gradient, and
-                                # PipelineModule only exempts its own GPT classes from checkpointing
-                                # (_is_checkpointable). The non-re-entrant one handles that input.
+                                # DeepSpeed's default (re-entrant) checkpoint gives stage 0 outputs without a
+                                # grad_fn (token ids need no gradient; PipelineModule exempts only its own GPT
+                                # classes, _is_checkpointable): the non-re-entrant one handles that input.
                                 activation_checkpoint_func=non_reentrant_checkpoint)
 
 
@@ -318,13 +317,13 @@ def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
 def report(state: RankState) -> None:
     import torch
 
+    from utils.runtime.commslog import raw_record
     from utils.runtime.frozen import local_layers
 
     peak, memory_kind = _peak_memory(state.device)
     parts = list(state.engine.module.parts)
-    # A fingerprint of every local layer's final weights (sum, sum of squares in float64):
-    # enough to tell a frozen layer that never changed, or two runs that ended alike.
-    # Detached: float() of a tensor that requires grad warns in every rank's log.
+    # Each local layer's final weights as (sum, sum of squares) in float64, enough to tell a frozen layer
+    # that never changed or two runs that ended alike; detached (float() of one requiring grad warns).
     fingerprints = {str(i): [sum(float(p.detach().double().sum()) for p in layer.parameters()),
                              sum(float(p.detach().double().square().sum()) for p in layer.parameters())]
                     for i, layer in local_layers(state.engine).items()}
@@ -332,7 +331,8 @@ def report(state: RankState) -> None:
         "rank": state.rank, "stage": state.stage, "replica": state.replica, "parts": parts,
         "layers": [parts[state.stage], parts[state.stage + 1]], "peak_memory_bytes": peak,
         "memory_kind": memory_kind, "device": state.device, "threads": torch.get_num_threads(),
-        "layer_fingerprints": fingerprints, "record_lines": state.record_lines})
+        "layer_fingerprints": fingerprints, "record_lines": state.record_lines,
+        **({"comms": comms} if (comms := raw_record()) is not None else {})})  # DeepSpeed's comms logger, if on
 
 
 def _common_origin() -> tuple[float, float]:
