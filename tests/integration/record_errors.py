@@ -60,6 +60,9 @@ JOBS = {
                           "num_stages": 3, "steps": 3, "partition": [0, 3, 6, 8], "repartition_at": {2: (0, 2, 5, 8)},
                           "repartition_mode": "restart", "repartition_optimizer": "deepspeed"},
                          "optimizer-state-mismatch"),
+    # wall_clock_breakdown with 2 stages: the first non-last stage starts bwd_microstep twice (chapter 23.4).
+    "wall_clock_breakdown": ({"deepspeed_config": {"wall_clock_breakdown": True}, "strict": False},
+                             "timer-started-twice"),
 }
 
 

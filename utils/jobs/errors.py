@@ -131,6 +131,13 @@ PATTERNS: tuple[Pattern, ...] = (
             "in GPipe), gradients and optimizer state of its layers",
             "activation checkpointing (activation_checkpoint_interval), a smaller micro_batch_size, 1F1B instead of "
             "GPipe, fewer layers on this stage, or more stages"),
+    Pattern("timer-started-twice", r"(?P<timer>\w+) timer has already been started",
+            "DeepSpeed started its '{timer}' timer a second time before stopping it: with wall_clock_breakdown on, "
+            "a pipeline stage that is not the last starts bwd_microstep in _exec_backward_pass and again in the "
+            "backward hook of the base engine (DeepSpeed 0.19.8; chapter 23.4), in the first backward of step 0; "
+            "the flops profiler turns the same timers on",
+            "set wall_clock_breakdown to false (and leave the flops profiler off) in a pipeline of 2 or more stages; "
+            "time stages with the workbook's timeline instead"),
     Pattern("data-exhausted", r"^StopIteration: .*?in _next_batch\n\s+batch = next\(self\.data_iterator\)",
             "the data iterator given to train_batch ran out: each train_batch call takes gradient_accumulation_steps "
             "(the micro-batch count) batches from it on the first stage (inputs) and the last (labels), and a "
