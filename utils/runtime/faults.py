@@ -82,6 +82,14 @@ class FaultInjector:
             self._strike(step, kind)
 
     def _strike(self, step: int, kind: str) -> None:
+        if self.fault.kind == "collective":  # an all-reduce no other rank joins: it ends only in its timeout
+            import torch
+            from deepspeed import comm as dist
+
+            print(f"injected fault: stage {self.stage} enters an all_reduce over every rank alone at step {step} "
+                  f"in {kind}", flush=True)
+            dist.all_reduce(torch.zeros(1, device="cuda" if self.device == "cuda" else "cpu"))
+            return
         message = f"injected fault: stage {self.stage} fails at step {step} in {kind}"
         if self.fault.kind == "raise":
             raise RuntimeError(message)
@@ -90,13 +98,6 @@ class FaultInjector:
             os._exit(3)
         if self.fault.kind == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.fault.kind == "collective":  # an all-reduce no other rank joins: it ends only in its timeout
-            import torch
-            from deepspeed import comm as dist
-
-            print(f"injected fault: stage {self.stage} enters an all_reduce over every rank alone", flush=True)
-            dist.all_reduce(torch.zeros(1, device="cuda" if self.device == "cuda" else "cpu"))
-            return
         while True:  # "hang": block like a rank stuck in a collective
             time.sleep(3600)
 
