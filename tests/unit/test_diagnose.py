@@ -64,6 +64,17 @@ def test_a_lost_neighbour_is_a_consequence_not_a_cause():
     assert len({p.code for p in PATTERNS}) == len(PATTERNS)
 
 
+@pytest.mark.parametrize("text", [
+    # torch's own NCCL messages (libtorch_cuda.so of torch 2.11+cu130), as a rank's error would carry them
+    "DistBackendError: NCCL error in: ...\nncclRemoteError: A call failed possibly due to a network error or a remote "
+    "process exiting prematurely.",
+    "DistBackendError: NCCL communicator was aborted on rank 1.",
+])
+def test_a_neighbour_lost_on_nccl_is_a_consequence_too(text):
+    explanation = explain(text)
+    assert explanation is not None and explanation.code == "peer-lost" and explanation.consequence
+
+
 def test_the_instruction_comes_from_the_traceback():
     unused = next(e for e in RECORDED["unused_float"]["errors"] if "send_grads" in e["traceback"])
     assert engine_instruction_of(unused["traceback"]) == "send_grad"

@@ -1,9 +1,9 @@
 """The errors DeepSpeed pipeline jobs fail with, and what each one means.
 
 Every pattern below was produced by real DeepSpeed 0.19.8 / torch 2.13 jobs on CPU/gloo (the
-mistakes of chapter 25, the workbook's injected faults; tests/unit/data/deepspeed_errors.json
+mistakes of chapter 25, the workbook's injected faults; tests/data/deepspeed_errors.json
 keeps the texts they were matched against, and ``tests/integration/record_errors.py``
-records them again). `explain` matches the text a rank left — its error record (type,
+records them again), except NCCL's words for a lost neighbour (`PEER_FAILURE_TEXTS`). `explain` matches the text a rank left — its error record (type,
 message, traceback) or, for a rank that died in C++ without a Python error, the end of its
 log — and returns the first `Explanation` whose pattern fits: a stable `code`, the likely
 cause and the fix, with the numbers the message carries filled in.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Explanation", "PATTERNS", "Pattern", "engine_instruction_of", "explain"]
+__all__ = ["Explanation", "PATTERNS", "PEER_FAILURE_TEXTS", "Pattern", "engine_instruction_of", "explain"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,14 @@ class Explanation:
     matched: str
     """The text the pattern matched (the evidence)."""
 
+
+PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                      "ncclRemoteError", "NCCL communicator was aborted on rank")
+"""What a rank's error says when a *neighbour* went away, not its own code: gloo's words (recorded
+from real CPU jobs) and NCCL's. The NCCL texts are torch's own messages, read from the strings of
+``libtorch_cuda.so`` of torch 2.11+cu130 on an H200 node (``ncclRemoteError: A call failed possibly
+due to a network error or a remote process exiting prematurely.``; ``NCCL communicator was aborted
+on rank N``): no job of two GPUs could produce them here."""
 
 _TENSORS = ("make every stage return the same shape and dtype for every micro-batch and step (pad variable "
             "lengths to one size, cast to the model's dtype), or build the PipelineModule with dynamic_shape=True "
@@ -154,7 +162,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "writes, and removes what a failed save left)",
             "free space on that disk, run the job in another folder (run_job(..., directory=...) or "
             "WORKBOOK_RUNS), or re-partition with repartition_mode='live', which writes no checkpoint"),
-    Pattern("peer-lost", r"Connection closed by peer|Connection reset by peer|Broken pipe",
+    Pattern("peer-lost", "|".join(map(re.escape, PEER_FAILURE_TEXTS)),
             "a neighbouring rank went away (it failed or was stopped) while this one talked to it",
             "look at the rank that failed first", consequence=True),
     Pattern("collective-timeout", r"[Tt]imed out|Watchdog caught collective operation timeout",

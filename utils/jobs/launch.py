@@ -39,6 +39,7 @@ from utils.jobs.progress import ProgressLine
 from utils.jobs.rundir import RunDir, RunState, StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.spec import JobSpec
+from utils.jobs.errors import PEER_FAILURE_TEXTS
 from utils.jobs.hangs import describe_hang, process_state
 
 POLL_SECONDS = 0.2
@@ -49,7 +50,6 @@ LAUNCHER_GRACE = 30.0
 """Seconds the launcher gets to stop the other ranks and report exit codes after a failure
 (it usually takes 1-2 s; the wait ends when it exits). On a busy machine its summary came
 after 10 s: elastic's failure logging imports ``torch._dynamo`` in the agent."""
-PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 # Every job this process started and has not seen end: stopped when the process exits (a
 # kernel restart, a script that ends after start_job), so no DeepSpeed process outlives it.
