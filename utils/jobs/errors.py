@@ -3,9 +3,9 @@
 Every pattern below was produced by real DeepSpeed 0.19.8 / torch 2.13 jobs on CPU/gloo (the
 mistakes of chapter 25, the workbook's injected faults; tests/data/deepspeed_errors.json
 keeps the texts they were matched against, and ``tests/integration/record_errors.py``
-records them again), except NCCL's words for a lost neighbour (`PEER_FAILURE_TEXTS`). `explain` matches the text a rank left — its error record (type,
-message, traceback) or, for a rank that died in C++ without a Python error, the end of its
-log — and returns the first `Explanation` whose pattern fits: a stable `code`, the likely
+records them again), except NCCL's words for a lost neighbour (`PEER_FAILURE_TEXTS`).
+`explain` matches the text a rank left — its error record (type, message, traceback) or, for
+a rank that died in C++ without a Python error, the end of its log — and returns the first `Explanation` whose pattern fits: a stable `code`, the likely
 cause and the fix, with the numbers the message carries filled in.
 
 Some errors are *consequences*: a rank that loses its neighbour fails with "Connection closed
