@@ -62,6 +62,7 @@ fresh_copy         lab03 (point 3): balanced_partition calls a fresh copy of the
                    (``runpy.run_module``: functions the ban never swapped; flagged for review)
 metrics_shortcut   labs 1 and 2: the answers call the library's metrics instead of computing
                    them from the events (issue 15: the labs forbid it while the checks run);
+                   lab05: summarize calls utils.simulate (the lab forbids it while task 4's checks run);
                    lab07: read_status and diagnose_failure call utils.diagnose's own parser and
                    diagnosis (the lab forbids them while its checks call the student's code)
 =================  ==================================================================
@@ -143,6 +144,39 @@ def deepspeed_order(p, m, stage):
             elif isinstance(cmd, BackwardPass):
                 order.append((f"B{cmd.buffer_id}", cmd.buffer_id))
     return order
+''',
+        # off by one: the micro-batches held are read after each backward has freed its own (one
+        # short on every stage); the makespan and the bubble ratio are right
+        "summarize": '''
+def summarize(rows, forward, backward, activation_bytes):
+    utils.Schedule.from_strings(rows).validate()
+    p, m = len(rows), len(rows[0]) // 2
+    end, free, nxt = {}, [0.0] * p, [0] * p
+    while len(end) < 2 * p * m:
+        for s in range(p):
+            while nxt[s] < len(rows[s]):
+                a = utils.parse_action(rows[s][nxt[s]])
+                if a.kind == "forward":
+                    inputs = [(s - 1, "forward", a.micro_batch)] if s > 0 else []
+                else:
+                    inputs = [(s, "forward", a.micro_batch)] + ([(s + 1, "backward", a.micro_batch)] if s < p - 1 else [])
+                if any(x not in end for x in inputs):
+                    break
+                start = max([free[s]] + [end[x] for x in inputs])
+                free[s] = end[(s, a.kind, a.micro_batch)] = start + (forward if a.kind == "forward" else backward)
+                nxt[s] += 1
+    peaks = []
+    for s, row in enumerate(rows):
+        held = peak = 0
+        for text in row:
+            if utils.parse_action(text).kind == "forward":
+                held += 1
+            else:
+                held -= 1
+                peak = max(peak, held)
+        peaks.append(peak * activation_bytes[s])
+    span = max(free)
+    return {"makespan": float(span), "bubble_ratio": float(1 - m * (forward + backward) / span), "peak_bytes": peaks}
 ''',
     },
     "lab07_diagnose_pipeline_jobs": {
@@ -478,6 +512,14 @@ def deepspeed_order(p, m, stage):
 
 #: The library's metrics (lab07: its diagnosis) where a lab asks for the student's own computation.
 SHORTCUTS = {
+    # lab05: the simulator, right values, but task 4 asks for the student's own computation
+    "lab05_schedules_as_data": {"summarize": '''
+def summarize(rows, forward, backward, activation_bytes):
+    timeline = utils.simulate(utils.Schedule.from_strings(rows), forward, backward, activation_bytes=activation_bytes)
+    metrics = timeline.metrics()
+    return {"makespan": float(metrics.makespan), "bubble_ratio": float(metrics.bubble_ratio),
+            "peak_bytes": [int(round(x)) for x in timeline.meta["peak_activation_memory"]]}
+'''},
     "lab01_measure_bubble": {"measured_bubble": '''
 def measured_bubble(timeline):
     return float(timeline.metrics().bubble_ratio)

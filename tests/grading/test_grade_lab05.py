@@ -15,9 +15,10 @@ from utils.grading.notebook_source import LabSource, find_lab
 LAB = LabSource.load(find_lab(ROOT, "lab05"))
 FULL = {"gpipe": 2, "one_f_one_b": 4, "deepspeed_order": 2, "summarize": 2}
 NONE = {task: 0 for task in FULL}
-PARTLY = {"gpipe": 2, "one_f_one_b": 1, "deepspeed_order": 0, "summarize": 2}
+PARTLY = {"gpipe": 2, "one_f_one_b": 1, "deepspeed_order": 0, "summarize": 0}
 """p - s warm-up forwards: still a valid schedule (1 of 4), but over the memory bound and not
-DeepSpeed's order; the buffer id taken for the micro-batch fails both checks of task 3."""
+DeepSpeed's order; the buffer id taken for the micro-batch fails both checks of task 3; the peak
+read after a backward has freed its micro-batch (one short, makespan right) fails both of task 4."""
 #: The kinds that depend on this lab's own tasks and checks; edited self-checks exercise the
 #: grader, not the lab, and are graded on labs 2, 3 and 7 (docs/suite-time.md).
 EXPECTED = {
@@ -30,6 +31,8 @@ EXPECTED = {
     # kernel, so every check of tasks 1-3 fails, public ones included; task 4 may use the library.
     "aliased": {**NONE, "summarize": 2},
     "other_algorithm": FULL,  # a greedy 1F1B and TrainSchedule's own step map: honest variants
+    # task 4 through utils.simulate: the right numbers, but its checks run inside no_simulator()
+    "metrics_shortcut": {**FULL, "summarize": 0},
     # utils.Action objects are not plain data: the judge gets placeholders, the type checks fail.
     "actions_returned": {**FULL, "gpipe": 0, "one_f_one_b": 0},
 }
@@ -80,6 +83,20 @@ def test_partial_credit_names_what_failed(graded):
     assert "1F1B 最多" in partly["one_f_one_b_memory"].message
     assert "TrainSchedule" in partly["one_f_one_b_deepspeed"].message
     assert "deepspeed_order(2, 3, 0) 不对" in partly["deepspeed_public"].message  # public: the values are shown
+    # task 4, off by one in the in-flight count: the makespan passes, the peak is named
+    assert "GPipe 每个阶段同时保存 8 个微批" in partly["summarize_public"].message
+    assert partly["summarize_hidden"].message.endswith("激活峰值（字节）不对")
+
+
+def test_the_simulator_is_refused_in_task_4_with_the_labs_reason(graded):
+    results, _, _ = graded
+    shortcut = {c.id: c for c in results["metrics_shortcut"].checks}
+    for check in ("summarize_public", "summarize_hidden"):
+        assert shortcut[check].status != "passed"
+    assert "AssertionError" in shortcut["summarize_public"].message
+    assert "utils.simulate" in shortcut["summarize_public"].message
+    for check in ("gpipe_public", "one_f_one_b_deepspeed", "deepspeed_hidden"):  # the other tasks keep their points
+        assert shortcut[check].status == "passed"
 
 
 def test_an_object_equal_to_everything_earns_nothing(graded):
