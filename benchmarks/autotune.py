@@ -8,8 +8,9 @@ DeepSpeed's default configuration, measured side by side in one run.
    120-sample batch × four schedules × three partitions, with this model's fitted costs.
    Target: >= 500 candidates in less time than the job start (ratio printed).
 2. `utils.autotune(spec, memory_budget=...)`: profiles, a calibration run of DeepSpeed's
-   default (partition "parameters", 1F1B, the spec's micro-batches), the search, the two best
-   runnable candidates run for real. Target: median |predicted - measured| / measured step
+   default (partition "parameters", 1F1B, the spec's micro-batches), the search, the first two
+   runnable candidates in the tuner's order (the least memory among those predicted within 5 %
+   of the fastest, then the rest fastest first: `utils.planning.tuning.ranked`) run for real. Target: median |predicted - measured| / measured step
    time <= 15 %.
 3. The default and the tuned choice — the confirmed candidate that measured fastest, as a user
    would adopt it — then run again alternately (`--rounds` times each, A B A B) so that both
@@ -27,6 +28,13 @@ cores the errors grew to 20-30 % and the ratio fell to 0.93-1.10x.
 Again on 2026-12-02, with CPU jobs started by the warm agent (`utils.runtime.warm_agent`): 624
 candidates in 112 ms against a start-up of 2.57 s (ratio 0.044); median prediction error 8.7 %;
 default 191.6 ms against tuned (balanced [0, 6, 8], 1F1B, m = 4) 165.4 ms: 1.16x.
+
+Again on 2026-12-04, with the memory tie-break and other helpers' jobs sharing the cores (load
+3-5): 624 candidates in 368 ms against a start-up of 8.97 s (ratio 0.041). The fastest
+prediction was GPipe m = 16 (301.0 ms, 155.1 MB); the tuner chose 1F1B m = 16 (309.1 ms, 2.7 %
+slower, 32.8 MB) and confirmed it first: predicted 309.1, measured 328.4 ms (-5.9 %); GPipe
+m = 16 measured 406.1 ms (-25.9 %); median error 15.9 %. Alternating: default 289.1 ms, tuned
+476.0 ms (its two runs 378 and 574 ms): 0.61x -- under that load the ratio says nothing.
 """
 
 from __future__ import annotations
@@ -76,6 +84,9 @@ def main() -> None:
     for row in tuning.comparison():
         print("  ", row)
     print(f"median prediction error {tuning.median_error:.1%} (target <= 15 %)")
+    for label, c in (("fastest", tuning.fastest), (f"chosen (least memory within {tuning.tolerance:.0%})", tuning.best)):
+        print(f"  {label}: {c.partition} {list(c.boundaries)} {c.schedule} m={c.micro_batches}, "
+              f"predicted {c.step_time * 1e3:.1f} ms, peak {max(c.peak_memory) / 2**20:.1f} MB")
 
     # 3. default against the tuned best, alternately
     best = tuning.best_measured.candidate

@@ -1,5 +1,6 @@
 """The auto-tuner's search without processes: the per-layer cost lines, the candidate space,
-predictions against the closed-form makespan, the memory budget, and its speed."""
+predictions against the closed-form makespan, the memory budget, its speed, the p × d splits
+with their collectives, ZeRO-1, activation checkpointing, and the memory tie-break."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from utils.planning.partitioning import bottleneck
-from utils.planning.tuning import Calibration, LayerModel, fit_layer_model, predict, tune
+from dataclasses import replace
+
+from utils.planning.tuning import (DEFAULT_TOLERANCE, Calibration, Candidate, LayerModel, allgather_seconds,
+                                   allreduce_seconds, choose, fit_layer_model, predict, ranked,
+                                   static_bytes_per_param_byte, tune)
 
 
 def _profile(b: int, *, fixed: float = 1e-3, per_sample: float = 2e-3, layers: int = 6):
@@ -115,3 +120,104 @@ def test_predict_gives_a_configuration_what_tune_gives_its_candidate():
     assert alone.step_time == pytest.approx(searched.step_time) and alone.peak_memory == searched.peak_memory
     with pytest.raises(ValueError, match="do not split"):
         predict(model, searched.boundaries, schedule="1f1b", micro_batches=3, global_batch=8)
+
+
+LINK = Calibration(link_latency=0.01, link_bandwidth=1000.0)  # α = 10 ms, β = 1000 bytes/s: visible in the sums
+
+
+def test_ring_collectives_follow_the_alpha_beta_formula():
+    assert allreduce_seconds(800.0, 1, 0.01, 1000.0) == 0.0
+    assert allreduce_seconds(800.0, 4, 0.01, 1000.0) == pytest.approx(2 * 3 * 0.01 + 2 * 3 / 4 * 0.8)
+    assert allgather_seconds(800.0, 4, 0.01, 1000.0) == pytest.approx(3 * 0.01 + 3 / 4 * 0.8)
+    assert allreduce_seconds(1e9, 8, 0.0, 1e9) == pytest.approx(2 * 7 / 8)  # → 2·bytes/β for large d
+
+
+def test_a_fixed_device_count_is_searched_as_every_p_times_d_split():
+    rows = tune(_flat(), global_batch=8, devices=4, schedules=("1f1b",), partitions=("uniform",), calibration=LINK)
+    assert {(r.num_stages, r.data_parallel) for r in rows} == {(1, 4), (2, 2), (4, 1)}
+    assert all(r.devices == 4 and r.micro_batch_size * r.micro_batches * r.data_parallel == 8 for r in rows)
+    two = tune(_flat(), global_batch=8, devices=4, stages=(2,), schedules=("1f1b",), partitions=("uniform",))
+    assert {(r.num_stages, r.data_parallel) for r in two} == {(2, 2)}
+    # a replica count that does not divide the batch is skipped: 6 samples over 4 devices -> no (1, 4)
+    six = tune(_flat(), global_batch=6, devices=4, schedules=("1f1b",), partitions=("uniform",))
+    assert {(r.num_stages, r.data_parallel) for r in six} == {(2, 2), (4, 1)}
+
+
+def test_replicas_add_each_stage_s_gradient_all_reduce_to_the_pipeline_of_one_replica():
+    # The same per-replica work (4 samples, m = 4, 2 stages) with d = 1 and with d = 2 (8 samples).
+    one = predict(_flat(), (0, 4, 8), schedule="1f1b", micro_batches=4, global_batch=4, calibration=LINK)
+    two = predict(_flat(), (0, 4, 8), schedule="1f1b", micro_batches=4, global_batch=8, data_parallel=2,
+                  calibration=LINK)
+    grads = 4 * 100.0 / 4  # four layers of 100 static bytes, a quarter of them parameter bytes
+    ring = allreduce_seconds(grads, 2, 0.01, 1000.0)
+    assert one.collective_time == 0.0 and two.collective_time == pytest.approx(ring)
+    # timing-claim: construction — stage 0 ends the 1F1B drain last, so its all-reduce lands whole on the step
+    assert two.step_time == pytest.approx(one.step_time + ring)
+    assert two.peak_memory == one.peak_memory  # without ZeRO every replica holds the same
+
+
+def test_zero_1_divides_the_optimizer_state_and_adds_the_all_gather():
+    kwargs = dict(schedule="1f1b", micro_batches=4, global_batch=16, data_parallel=4, calibration=LINK)
+    plain = predict(_flat(), (0, 4, 8), **kwargs)
+    zero = predict(_flat(), (0, 4, 8), zero_stage=1, zero_bucket_bytes=0.0, **kwargs)
+    bucket = predict(_flat(), (0, 4, 8), zero_stage=1, zero_bucket_bytes=1234.0, **kwargs)
+    grads = 4 * 100.0 / 4
+    assert static_bytes_per_param_byte(0, 4) == 4 and static_bytes_per_param_byte(1, 4) == 2 + 3 / 4
+    assert static_bytes_per_param_byte(1, 1) == 5  # at d = 1 ZeRO-1 only adds its fp32 partition copy
+    assert [p - z for p, z in zip(plain.peak_memory, zero.peak_memory)] == pytest.approx([(4 - 2.75) * grads] * 2)
+    assert [b - z for b, z in zip(bucket.peak_memory, zero.peak_memory)] == pytest.approx([1234.0] * 2)
+    gather = allgather_seconds(grads, 4, 0.01, 1000.0)
+    # timing-claim: construction — the all-gather follows the all-reduce after the drain, on the same links
+    assert zero.collective_time == pytest.approx(plain.collective_time + gather)
+    assert zero.step_time == pytest.approx(plain.step_time + gather)
+    rows = tune(_flat(), global_batch=8, devices=2, schedules=("1f1b",), partitions=("uniform",),
+                zero_stages=(0, 1))
+    assert {(r.data_parallel, r.zero_stage) for r in rows} == {(1, 0), (2, 0), (2, 1)}  # ZeRO-1 needs d > 1
+    with pytest.raises(ValueError, match="zero_stages"):
+        tune(_flat(), global_batch=8, zero_stages=(2,))
+
+
+def test_activation_checkpointing_keeps_segment_inputs_and_repeats_the_forward():
+    model = _flat()  # per layer: forward 1, backward 2, 10 bytes of output per sample, 100 static bytes
+    kwargs = dict(schedule="1f1b", micro_batches=1, global_batch=1)
+    keep = predict(model, (0, 4, 8), **kwargs)
+    every = predict(model, (0, 4, 8), checkpoint_interval=1, **kwargs)
+    pairs = predict(model, (0, 4, 8), checkpoint_interval=2, **kwargs)
+    # one micro-batch on 2 stages of 4 layers: F0 + F1 + B1 + B0, each backward longer by its stage's forward
+    # timing-claim: construction — the simulator sums the given costs along the only path
+    assert keep.step_time == pytest.approx(4 + 4 + 8 + 8) and every.step_time == pytest.approx(4 + 4 + 12 + 12)
+    assert pairs.step_time == pytest.approx(every.step_time)  # every layer is still recomputed once
+    static = 4 * 100.0
+    assert keep.peak_memory == pytest.approx((static + 40, static + 40))  # four layers' outputs
+    # interval 1: each layer's input (stage 0's first input: token ids, not counted) + one layer recomputed
+    assert every.peak_memory == pytest.approx((static + 30 + 10, static + 40 + 10))
+    # interval 2: the inputs of two segments + one segment (2 layers) recomputed
+    assert pairs.peak_memory == pytest.approx((static + 10 + 20, static + 20 + 20))
+
+
+def _candidate(schedule: str, step_time: float, peak: float, *, feasible: bool = True) -> Candidate:
+    return Candidate(num_stages=2, partition="uniform", boundaries=(0, 4, 8), schedule=schedule, chunks=1,
+                     micro_batches=8, micro_batch_size=1, step_time=step_time, bubble=0.1, peak_memory=(peak, peak / 2),
+                     feasible=feasible)
+
+
+def test_within_the_tolerance_the_least_memory_wins():
+    gpipe, one_f_one_b = _candidate("gpipe", 0.2656, 155e6), _candidate("1f1b", 0.2693, 36e6)  # the review's case
+    # timing-claim: simulated — given predicted step times: 1.4 % apart
+    assert one_f_one_b.step_time / gpipe.step_time - 1 < DEFAULT_TOLERANCE
+    assert choose([gpipe, one_f_one_b]) is one_f_one_b  # within 5 %: 4x less memory wins
+    assert choose([gpipe, one_f_one_b], tolerance=0.0) is gpipe  # no tolerance: the fastest
+    assert ranked([gpipe, one_f_one_b]) == [one_f_one_b, gpipe]
+
+
+def test_a_gain_beyond_the_tolerance_goes_to_the_faster():
+    fast, lean = _candidate("gpipe", 0.200, 155e6), _candidate("1f1b", 0.240, 36e6)  # 20 % apart
+    assert choose([lean, fast]) is fast and choose([lean, fast], tolerance=0.25) is lean
+    # infeasible and prediction-only candidates never win, whatever their time or memory
+    ghost = replace(_candidate("1f1b", 0.1, 1.0), feasible=False)
+    inter = replace(_candidate("interleaved-1f1b", 0.1, 1.0), chunks=2)
+    assert choose([ghost, inter, lean, fast]) is fast and ranked([ghost, inter]) == []
+    with pytest.raises(ValueError, match="raise memory_budget"):
+        choose([ghost, inter])
+    with pytest.raises(ValueError, match="tolerance"):
+        ranked([fast], tolerance=-0.1)
