@@ -20,6 +20,10 @@ What one GPU can honestly run, and what is checked there:
    units (`utils.analysis.microbatch_fit`; the plans assume `varlen.OVERHEAD_TOKENS`, a CPU
    figure).
 
+5. An NCCL timeout seen from the host (`nccl_timeout`): one rank's all-reduce stuck behind GPU
+   work returns to the host before the process-group timeout, and the watchdog's flight-recorder
+   dump lands where the launcher's environment for NCCL jobs puts it (chapter 26.7).
+
 Multi-stage jobs need a GPU per rank (NCCL refuses two ranks on one GPU); with >= 2 GPUs it
 also runs a 2-stage job over NCCL, the tracer overhead benchmark, a live re-partition (loss
 equal to the static job's) and the re-balancing benchmark.
@@ -202,12 +206,68 @@ def two_gpus(results: dict) -> None:
                    check=True, timeout=4 * JOB_TIMEOUT_S)
 
 
+NCCL_PROBE = r"""
+import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+dist.init_process_group("nccl", rank=0, world_size=1, timeout=timedelta(seconds=float(sys.argv[1])),
+                        device_id=torch.device("cuda:0"))
+x = torch.ones(1 << 20, device="cuda")
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda._sleep(10 ** 6); torch.cuda.synchronize()  # load the kernel first: the timing below is of the sleep alone
+start.record(); torch.cuda._sleep(10 ** 8); end.record(); end.synchronize()
+per_second = int(1e3 / start.elapsed_time(end) * 10 ** 8)  # cycles; one _sleep call takes at most 2**31
+for _ in range(int(float(sys.argv[2]))):
+    torch.cuda._sleep(per_second)  # the GPU busy this many seconds
+t0 = time.monotonic()
+work = dist.all_reduce(x, async_op=True)  # queued behind the sleep: it cannot finish within the timeout
+work.wait()
+print(f"WAIT {time.monotonic() - t0:.3f}", flush=True)
+x[0].item()
+print(f"ITEM {time.monotonic() - t0:.3f}", flush=True)
+time.sleep(float(sys.argv[2]) + 30)
+print("ALIVE", flush=True)
+"""
+
+
+def nccl_timeout(results: dict, *, timeout_s: float = 5.0, busy_s: float = 15.0) -> None:
+    """What the host sees when an NCCL operation outlives the process-group timeout (chapter 26.7,
+    `utils.diagnose`'s ``nccl-host-view``): one rank, an all-reduce queued behind `busy_s` of GPU
+    work, a `timeout_s` process-group timeout, with the flight-recorder environment the launcher
+    gives an NCCL job (`utils.jobs.launchers.nccl_debug_environment`). Checked: ``work.wait()``
+    returns to the host before the timeout (the host runs ahead of the stuck operation), and the
+    watchdog writes the flight-recorder dump where that environment says."""
+    from utils.jobs.launchers import nccl_debug_environment
+    from utils.jobs.rundir import RunDir
+
+    run_dir = RunDir(Path(os.environ["WORKBOOK_RUNS"]) / "gpu-check-nccl-timeout")
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FR_", "TORCH_NCCL_"))}
+    env.update(nccl_debug_environment(run_dir, env), MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", NCCL_PROBE, str(timeout_s), str(busy_s)], env=env,
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    dumps = sorted(str(p.relative_to(run_dir.path)) for p in run_dir.path.rglob("*") if p.is_file())
+    results["nccl_timeout"] = row = {
+        "timeout_s": timeout_s, "gpu_busy_s": busy_s, "exit_code": proc.returncode,
+        "wait_returned_s": float(lines.get("WAIT", "nan")), "item_returned_s": float(lines.get("ITEM", "nan")),
+        "blocking_wait": env.get("TORCH_NCCL_BLOCKING_WAIT", "0"),
+        "alive_after_timeout": "ALIVE" in proc.stdout, "seconds": round(time.monotonic() - started, 1),
+        "dumps": dumps, "watchdog": [ln for ln in proc.stderr.splitlines() if "Watchdog caught" in ln][:1]}
+    print(f"nccl timeout: {json.dumps(row)}")
+    (run_dir.path / "probe-stderr.txt").write_text(proc.stderr)
+    assert row["wait_returned_s"] < timeout_s, row  # the host ran ahead of the stuck all-reduce
+    assert row["watchdog"], "NCCL's watchdog did not report the timeout"
+    assert dumps, f"no flight-recorder dump under {run_dir.path}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", default="gpu-check-out", help="where gpu_check.json and the runs go")
     parser.add_argument("--only", default="", help="comma-separated checks (job, profile, dynamic, two-gpus, "
-                        "clocks); default: all that this machine can run")
+                        "nccl, clocks); default: all that this machine can run")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -223,8 +283,10 @@ def main() -> None:
               "profile": lambda: profile_and_simulate(args.device, results),
               "dynamic": lambda: dynamic_half(args.device, results),
               "two-gpus": lambda: two_gpus(results),
+              "nccl": lambda: nccl_timeout(results),
               "clocks": lambda: compare_clocks(args.device, results)}  # last: it joins a process group
-    chosen = args.only.split(",") if args.only else [c for c in checks if c != "two-gpus" or gpus >= 2]
+    chosen = args.only.split(",") if args.only else [
+        c for c in checks if (c != "two-gpus" or gpus >= 2) and (c != "nccl" or args.device == "cuda")]
     unknown = sorted(set(chosen) - set(checks))
     if unknown:
         sys.exit(f"unknown check(s) {unknown}; choose from {sorted(checks)}")

@@ -63,6 +63,10 @@ JOBS = {
     # wall_clock_breakdown with 2 stages: the first non-last stage starts bwd_microstep twice (chapter 23.4).
     "wall_clock_breakdown": ({"deepspeed_config": {"wall_clock_breakdown": True}, "strict": False},
                              "timer-started-twice"),
+    # The process-group timeout before the job's own (chapter 26.5): stage 1 hangs in its backward and
+    # stage 0's recv_grad raises gloo's own timeout; the only error record is this consequence.
+    "pg_timeout_hang": ({"pg_timeout": 5, "fault": {"kind": "hang", "stage": 1, "step": 1, "instruction": "backward"}},
+                        "collective-timeout"),
 }
 
 
@@ -188,8 +192,10 @@ def record_fault(case: str) -> dict:
 def record_job_failure(fields: dict) -> dict:
     """Run a small-GPT job of 2 stages, 4 micro-batches and 2 steps with `fields` over them; its error records."""
     from tests.helpers import SMALL_GPT
-    from utils import JobFailed, JobSpec, run_job
+    from utils import Fault, JobFailed, JobSpec, run_job
 
+    if isinstance(fields.get("fault"), dict):
+        fields = {**fields, "fault": Fault(**fields["fault"])}
     with tempfile.TemporaryDirectory() as runs:
         try:
             run_job(JobSpec(**{**SMALL_GPT, "num_stages": 2, "micro_batches": 4, "steps": 2, "timeout": 120, **fields}),

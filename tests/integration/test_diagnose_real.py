@@ -144,6 +144,22 @@ def test_a_hang_ends_within_its_timeout_with_every_ranks_stacks(runs_root):
     assert d.primary.evidence["chains"] == ["rank 0 (recv_grad) → rank 1 (forward)"]
 
 
+def test_a_process_group_timeout_first_points_at_the_rank_that_never_answered(runs_root):
+    # JobSpec.pg_timeout = 5 s, shorter than the job's own timeout: rank 0's recv_grad raises gloo's own
+    # timeout error ~5 s after rank 1 hung in its backward; the job fails instead of timing out.
+    run, d = _failed(_spec(Fault(kind="hang", stage=1, step=1, instruction="backward"), pg_timeout=5, timeout=120))
+    assert run.state == "failed" and not any(run.run_dir.stacks(r) for r in run.ranks)   # no stacks: no outer timeout
+    error = run.run_dir.error(0)
+    assert "gloo" in error["message"] and "Timed out waiting 5000ms for recv operation to complete" in error["message"]
+    assert run.run_dir.error(1) is None
+    assert d.codes[:2] == ["hang", "collective-timeout"] and d.find("peer-lost") is None, d
+    assert _where(d.primary) == (1, 1, "backward", 1, 0) and d.primary.evidence["waited_for_by"] == 0
+    # timing-claim: margin — about pg_timeout: rank 0 gave up 5 s after posting its receive, which is near
+    # rank 1's start of backward (on either side, by the scheduling of a few instructions); loose bounds
+    assert 3.0 < d.primary.evidence["for_s"] < 60
+    assert _where(d.find("collective-timeout"))[:3] == (0, 0, "recv_grad")
+
+
 def test_a_collective_on_one_rank_only_is_a_deadlock(runs_root):
     # Rank 0 alone enters an all-reduce at the start of its step-1 forward; rank 1 waits for its
     # activation: each waits for the other until the job's timeout (30 s: as the hang above).

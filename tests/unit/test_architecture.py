@@ -42,7 +42,7 @@ ALLOWED = {
     # run-directory contract, never launching or ui; from planning the schedules it lowers
     # and the re-balancing policy a running job decides with (pure functions).
     "utils.runtime": {"utils.jobs.spec", "utils.jobs.config", "utils.jobs.rundir", "utils.workloads",
-                      "utils.planning.schedules", "utils.planning.rebalance", "utils.planning.microbatching",
+                      "utils.planning.schedules", "utils.planning.catalogue", "utils.planning.rebalance", "utils.planning.microbatching",
                       "utils.timeline", "utils.system",
                       "utils.validation"},
     "utils.ui": {"utils.jobs", "utils.workloads", "utils.planning", "utils.analysis", "utils.timeline",

@@ -146,6 +146,18 @@ def test_engine_rules_come_from_deepspeeds_code():
     assert _keys(few) == {"gradient_accumulation_steps"} and "75%" in few[0].message
 
 
+def test_an_activation_checkpointing_section_that_asks_anything_is_inert_and_its_typos_still_named():
+    base = {"train_batch_size": 8, "gradient_accumulation_steps": 4, **ADAM}
+    for asks in ({"cpu_checkpointing": "true"}, {"number_checkpoints": 4}, {"partition_activations": True}):
+        (inert,) = lint_config({**base, "activation_checkpointing": asks}, num_stages=2)
+        assert (inert.key, inert.severity) == ("activation_checkpointing", "warning")
+        assert "deepspeed.checkpointing.configure(" in inert.fix
+    assert lint_config({**base, "activation_checkpointing": {"cpu_checkpointing": False}}, num_stages=2) == []
+    typo = lint_config({**base, "activation_checkpointing": {"partition_activation": True}}, num_stages=2)
+    assert [f.key for f in typo] == ["activation_checkpointing.partition_activation"]
+    assert "did you mean 'activation_checkpointing.partition_activations'?" == typo[0].fix
+
+
 def test_a_curriculum_block_deepspeed_passes_on_whole_is_clean():
     from tests.lintdiff.corpus import CURRICULUM, base
 

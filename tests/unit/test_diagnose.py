@@ -21,6 +21,7 @@ from utils.jobs.stacks import engine_instruction, main_stack, parse_stacks, shor
 from utils.timeline import Timeline
 
 RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data" / "deepspeed_errors.json").read_text())
+CONSEQUENCES = {p.code: p.consequence for p in PATTERNS}
 
 
 def _text(error: dict) -> str:
@@ -31,6 +32,10 @@ def _text(error: dict) -> str:
 @pytest.mark.parametrize("case", sorted(RECORDED))
 def test_each_recorded_error_is_explained(case):
     record = RECORDED[case]
+    if CONSEQUENCES[record["expected"]]:  # a timeout: the ranks that raised are the victims, the cause raised nothing
+        explained = [explain(_text(e)) for e in record["errors"]]
+        assert explained and all(x is not None and x.code == record["expected"] for x in explained), (case, explained)
+        return
     texts = [_text(e) for e in record["errors"]] + list(record.get("logs", {}).values())
     explanations = [x for x in map(explain, texts) if x is not None]
     causes = [x for x in explanations if not x.consequence]
@@ -396,3 +401,145 @@ def test_a_diagnosis_reads_as_text_markdown_and_json():
     assert d.primary is finding and d.codes == ["straggler"] and d.find("hang") is None
     assert str(Where()) == "the whole job"
     assert "nothing to report" in str(Diagnosis(kind="ok", run="r2", headline="fine"))
+
+
+# --- NCCL: the host's view of a hang; the flight recorder ------------------------------------------
+_SLEEPING = '''Current thread 0x00007fdbd1e68b80 (most recent call first):
+  File "/work/main/utils/runtime/faults.py", line 96 in _strike
+  File "/work/main/utils/runtime/tracing.py", line 125 in traced
+  File "/work/main/.venv/lib/python3.11/site-packages/deepspeed/runtime/pipe/engine.py", line 1387 in _exec_schedule
+  File "/work/main/utils/runtime/rank.py", line 442 in <module>
+  File "<frozen runpy>", line 198 in _run_module_as_main
+'''
+
+
+def _hung_run(path: Path, device: str) -> RunDir:
+    """The record of a 2-stage job stopped by its own timeout: rank 1 sleeps in backward (the injected
+    hang), rank 0 waits in recv_grad; `device` as the plan decided it."""
+    spec = JobSpec(**{**SMALL_GPT, "num_stages": 2, "micro_batches": 4, "steps": 3, "timeout": 30,
+                      "fault": Fault(kind="hang", stage=1, step=1, instruction="backward")})
+    path.mkdir()
+    rd = RunDir(path)
+    rd.write_spec(spec.to_dict())
+    rd.write_plan({"device": device, "partition": {"parts": [0, 2, 4]}})
+    rd.write_status(state="timeout", error="no progress within timeout=30 s; what each rank was doing when it "
+                    "was stopped:", started=70.0, finished=101.0, command="", notes=[])
+    for rank, (doing, dump) in enumerate([("step=1 recv_grad mb=0 t=80.0", DUMP), ("step=1 backward mb=0 t=79.9",
+                                                                                  _SLEEPING)]):
+        rd.status_slot(rank).write_bytes(doing.encode().ljust(128))
+        rd.stacks_file(rank).write_text(dump)
+    return rd
+
+
+def test_a_hang_on_nccl_says_the_host_view_is_an_upper_bound(tmp_path):
+    from utils.jobs.stacks import FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX
+
+    gloo = diagnose(_hung_run(tmp_path / "cpu", "cpu").path)
+    assert gloo.kind == "hung" and gloo.find("nccl-host-view") is None           # gloo: the host waits where it says
+    assert not any("upper bound" in f.cause for f in gloo.findings)
+    rd = _hung_run(tmp_path / "cuda", "cuda")
+    d = diagnose(rd.path)
+    assert d.kind == "hung" and d.primary.code == "hang" and d.primary.where.rank == 1      # the same chain ...
+    assert d.codes[1] == "nccl-host-view" and d.findings[1].severity == "warning"        # ... and right after it, why
+    caveat = d.findings[1]
+    assert "upper bound of where it waits" in caveat.what and "may name the wrong rank" in caveat.what
+    assert "returns once it is enqueued" in caveat.cause and "TORCH_NCCL_BLOCKING_WAIT" in caveat.cause
+    for tool in ("torchfrtrace", "NCCL_DEBUG=INFO", "TORCH_DISTRIBUTED_DEBUG=DETAIL", "py-spy dump --native"):
+        assert tool in caveat.fix, tool
+    for finding in d.findings:
+        assert ("upper bound" in finding.cause) == (finding.code in ("hang", "waiting")), finding
+    assert "no dump" in caveat.evidence["flight_recorder"]
+    folder = rd.file(FLIGHT_RECORDER_DIR)
+    folder.mkdir()
+    for rank in (0, 1):
+        (folder / f"{FLIGHT_RECORDER_PREFIX}{rank}").write_bytes(b"pickle")
+    dumps = diagnose(rd.path).find("nccl-host-view").evidence["flight_recorder"]
+    assert [Path(p).name for p in dumps] == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
+
+
+def test_a_failure_on_nccl_names_the_flight_recorder_dumps(tmp_path):
+    from utils.jobs.stacks import FLIGHT_RECORDER_DIR
+
+    rd = _failed_run(tmp_path, error=True, log=_SUMMARY.format(others="  <NO_OTHER_FAILURES>\n"))
+    rd.write_plan({"device": "cuda", "partition": {"parts": [0, 2, 4]}})
+    assert "flight_recorder" not in diagnose(rd.path).primary.evidence            # no dump: nothing to name
+    rd.file(FLIGHT_RECORDER_DIR).mkdir()
+    (rd.file(FLIGHT_RECORDER_DIR) / "nccl_trace_rank_1").write_bytes(b"pickle")
+    d = diagnose(rd.path)
+    assert d.primary.code == "injected-fault" and d.find("nccl-host-view") is None
+    assert [Path(p).name for p in d.primary.evidence["flight_recorder"]] == ["nccl_trace_rank_1"]
+
+
+def test_an_nccl_job_gets_the_flight_recorder_unless_the_user_set_it(tmp_path):
+    import mmap
+
+    import torch
+
+    from utils.jobs.launchers import NCCL_FLIGHT_RECORDER, OLDER_NAMES, nccl_debug_environment
+    from utils.jobs.stacks import FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX
+
+    # The names, in the installed torch: its NCCL process group, its flight recorder (newer name
+    # first, the older one still read), and the dump writer compiled into libtorch_cpu.
+    root = Path(torch.__file__).parent
+    headers = root / "include" / "torch" / "csrc" / "distributed" / "c10d"
+    nccl, recorder = (headers / "ProcessGroupNCCL.hpp").read_text(), (headers / "FlightRecorder.hpp").read_text()
+    assert '"TORCH_NCCL_DUMP_ON_TIMEOUT"' in nccl and '"TORCH_NCCL_ENABLE_MONITORING"' in nccl
+    assert "TORCH_NCCL_ENABLE_MONITORING=1 and TORCH_NCCL_TRACE_BUFFER_SIZE > 0" in nccl     # what a dump needs
+    assert '{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000' in recorder
+    assert "filename_ = c10::str(namePrefix, rank);" in recorder                         # the prefix, then the rank
+    with open(root / "lib" / "libtorch_cpu.so", "rb") as lib, mmap.mmap(lib.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        for name in ("TORCH_FR_DUMP_TEMP_FILE", *OLDER_NAMES.values()):
+            assert m.find(name.encode() + b"\0") >= 0, name
+
+    rd = RunDir(tmp_path)
+    prefix = str(tmp_path / FLIGHT_RECORDER_DIR / FLIGHT_RECORDER_PREFIX)
+    assert nccl_debug_environment(rd, {"PATH": "/bin"}) == {**NCCL_FLIGHT_RECORDER, "TORCH_FR_DUMP_TEMP_FILE": prefix}
+    assert (tmp_path / FLIGHT_RECORDER_DIR).is_dir()                     # torch writes the dumps there
+    for mine in ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_"},
+                 {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_FR_DUMP_TEMP_FILE": "/scratch/fr_"}):
+        env = nccl_debug_environment(rd, mine)                           # the user's settings win, by either name
+        assert env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_ENABLE_MONITORING": "1"}
+
+
+def _timed_out_run(path: Path) -> RunDir:
+    """The record of a 2-stage job whose process-group timeout came first (record_errors.py case
+    ``pg_timeout_hang``): rank 1 hangs in backward, rank 0's recv_grad raised gloo's timeout 5 s later."""
+    spec = JobSpec(**{**SMALL_GPT, "num_stages": 2, "micro_batches": 4, "steps": 3, "pg_timeout": 5,
+                      "fault": Fault(kind="hang", stage=1, step=1, instruction="backward")})
+    path.mkdir()
+    rd = RunDir(path)
+    rd.write_spec(spec.to_dict())
+    error = RECORDED["pg_timeout_hang"]["errors"][0]
+    rd.write_error(0, {**error, "time": 100.0,
+                       "traceback": '  File "deepspeed/runtime/pipe/engine.py", line 1209, in _exec_recv_grads\n'
+                                    + error["traceback"]})
+    rd.write_status(state="failed", error=f"rank 0 (stage 0) raised RuntimeError: {error['message']}", started=80.0,
+                    finished=101.0, command="", notes=[])
+    for rank, doing in enumerate(["step=1 recv_grad mb=0 t=94.9", "step=1 backward mb=0 t=95.0"]):
+        rd.status_slot(rank).write_bytes(doing.encode().ljust(128))
+    rd.launcher_log().write_text("")
+    return rd
+
+
+def test_a_process_group_timeout_points_at_the_rank_that_never_answered(tmp_path):
+    assert "Timed out waiting 5000ms for recv operation to complete" in RECORDED["pg_timeout_hang"]["errors"][0]["message"]
+    d = diagnose(_timed_out_run(tmp_path / "run").path, reveal_fault=False)
+    assert d.kind == "failed" and d.codes == ["hang", "collective-timeout"], d   # no peer-lost: rank 1 is no victim
+    suspect, victim = d.findings
+    w = suspect.where
+    assert (w.rank, w.stage, w.instruction, w.step, w.micro_batch) == (1, 1, "backward", 1, 0)
+    assert suspect.evidence == {"doing": "step=1 backward mb=0", "for_s": 5.0, "waited_for_by": 0}
+    assert "never answered rank 0's recv_grad" in suspect.what and "pg_timeout=None" in suspect.fix
+    assert (victim.where.rank, victim.where.instruction, victim.severity) == (0, "recv_grad", "info")
+    assert d.headline == "rank 0 (stage 0) timed out in recv_grad waiting for rank(s) [1]"
+
+
+def test_nccls_own_timeout_is_a_collective_timeout_too():
+    # The watchdog's words, from a real timeout on the lent H200 (torch 2.11.0+cu130, NCCL 2.28.9: an all-reduce
+    # queued behind a 15 s kernel, pg timeout 5 s); the same text is what `work.wait()` raises under
+    # TORCH_NCCL_BLOCKING_WAIT=1 (DistBackendError). No NCCL job can run here.
+    text = ("DistBackendError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, "
+            "OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=5000) ran for 5000 milliseconds "
+            "before timing out.")
+    x = explain(text)
+    assert x.code == "collective-timeout" and x.consequence

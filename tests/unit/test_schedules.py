@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from utils.planning.catalogue import schedule_info
 from utils.planning.schedules import SCHEDULE_NAMES, Action, Schedule, build_schedule, parse_action
 
 
@@ -36,14 +37,16 @@ def test_build_rejects_bad_input():
     with pytest.raises(ValueError, match="chunks=1"):
         build_schedule("1f1b", 2, 4, chunks=2)
     with pytest.raises(ValueError, match="chunks >= 2"):
-        build_schedule("interleaved-1f1b", 2, 4)
+        build_schedule("interleaved-1f1b", 2, 4, chunks=1)
+    assert build_schedule("interleaved-1f1b", 2, 4) == build_schedule("interleaved-1f1b", 2, 4, chunks=2)
     with pytest.raises(ValueError, match="equal rounds"):
         build_schedule("interleaved-1f1b", 4, 9, chunks=2)  # 2 rounds of 4.5: torch refuses too
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_every_built_schedule_is_valid_and_well_placed(name):
-    chunk_options = {"interleaved-1f1b": (2, 3), "dualpipev": (2,)}.get(name, (1,))
+    info = schedule_info(name)
+    chunk_options = (info.default_chunks,) if info.fixed_chunks else (info.min_chunks, info.min_chunks + 1)
     for p in range(1, 7):
         for m in range(1, 13):
             for v in chunk_options:
@@ -54,8 +57,8 @@ def test_every_built_schedule_is_valid_and_well_placed(name):
                     assert name == "interleaved-1f1b" or (name == "dualpipev" and m < 2 * p)
                     continue
                 s.validate()
-                def home(k: int) -> int:  # loop placement, or DualPipeV's V
-                    return (k if k < p else 2 * p - 1 - k) if name == "dualpipev" else k % p
+                def home(k: int) -> int:  # loop placement, or the V of DualPipeV and ZB-V
+                    return (k if k < p else 2 * p - 1 - k) if info.placement == "v" else k % p
 
                 for rank, row in enumerate(s.actions):
                     assert all(home(a.virtual_stage) == rank and a.chunk == a.virtual_stage // p for a in row)

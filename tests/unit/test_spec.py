@@ -27,6 +27,10 @@ SMALL = {"model_options": {"blocks": 2}}  # 4 layers: embedding, 2 blocks, head
     ({"timeout": 0}, r"timeout must be a positive, finite number"),
     # Before: "cannot convert float NaN to integer", after the run directory was created.
     ({"timeout": float("inf")}, r"timeout must be a positive, finite number .*got inf"),
+    # The process-group timeout (seconds, torch's timedelta): before launch, not as a rank's error.
+    ({"pg_timeout": 0}, r"pg_timeout must be a positive, finite number \(seconds one send, receive or collective"),
+    ({"pg_timeout": float("nan")}, r"pg_timeout must be a positive, finite number .*got nan"),
+    ({"pg_timeout": 0.5}, r"pg_timeout=0.5 s is too short: the ranks also connect to each other under it"),
     # Before, lr and seed were not checked and every rank failed 12-16 s later.
     ({"lr": -1}, r"lr must be a positive, finite number \(a learning rate such as 3e-3\)"),
     ({"seed": -1}, r"seed must be at least 0"),
@@ -52,6 +56,7 @@ def test_counts_are_integers_not_booleans_or_floats(name, value):
     ({"timeout": "60"}, r"timeout must be a number .* got '60'"),
     ({"lr": "fast"}, r"lr must be a number \(a learning rate such as 3e-3\), got 'fast'"),
     ({"seed": None}, r"seed must be an integer, got None"),
+    ({"pg_timeout": "5"}, r"pg_timeout must be a number \(seconds one send, receive or collective may wait"),
     ({"train_batch_size": 16.0}, r"train_batch_size must be an integer"),
     ({"name": 3}, r"name must be a string"),
     ({"model": None}, r"model must be a preset name"),
@@ -184,3 +189,29 @@ def test_every_batch_suggestion_is_valid(data_parallel):
                     assert keeps_batch, (target, size, count, data_parallel)
                 if target % (size * data_parallel) == 0:  # the count alone fixes it: offered first
                     assert specs[0] == JobSpec(**{**spec.to_dict(), "micro_batches": target // (size * data_parallel)})
+
+
+def test_the_process_group_timeout_reaches_deepspeed_in_seconds():
+    from datetime import timedelta
+
+    from utils.runtime.pgjoin import pg_timeout
+
+    JobSpec(**SMALL, pg_timeout=5).check()
+    assert JobSpec().pg_timeout is None and pg_timeout(JobSpec()) is None   # default: DEEPSPEED_TIMEOUT, unchanged
+    assert pg_timeout(JobSpec(pg_timeout=2.5)) == timedelta(seconds=2.5)
+    spec = JobSpec(**SMALL, pg_timeout=5)
+    assert JobSpec.from_dict(json.loads(spec.to_json())) == spec
+    assert JobSpec.from_dict({k: v for k, v in JobSpec().to_dict().items() if k != "pg_timeout"}) == JobSpec()
+
+
+def test_a_rank_passes_the_timeout_to_deepspeed_only_when_set(monkeypatch):
+    import deepspeed
+
+    from utils.runtime.pgjoin import join_process_group
+
+    calls = []
+    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kwargs: calls.append(kwargs))
+    join_process_group("cpu", JobSpec(pg_timeout=5))
+    join_process_group("cpu", JobSpec())
+    assert [c.get("timeout") and c["timeout"].total_seconds() for c in calls] == [5.0, None]
+    assert [c["dist_backend"] for c in calls] == ["gloo", "gloo"]

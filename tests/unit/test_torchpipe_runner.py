@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from utils.jobs import torchpipe as runner
-from utils.runtime import torchpipe as rank_program
 from utils.planning.schedules import build_schedule
 
 
@@ -43,12 +42,17 @@ def test_bad_input_is_refused_before_any_process_starts(no_processes, kwargs, er
         runner.run_torch_pipeline(**kwargs)
 
 
-def test_both_halves_name_the_same_torch_classes():
-    assert runner.TORCH_SCHEDULES == rank_program.TORCH_CLASSES
+def test_every_torch_class_of_the_catalogue_exists_in_torch():
     from torch.distributed import pipelining
 
-    for cls in runner.TORCH_SCHEDULES.values():
-        assert hasattr(pipelining, cls)
+    from utils.planning.catalogue import schedule_info
+
+    for name in runner.TORCH_SCHEDULES:
+        info = schedule_info(name)
+        cls = getattr(pipelining, info.torch_class)
+        base = pipelining.schedules.PipelineScheduleMulti if info.torch_multi_stage else \
+            pipelining.schedules.PipelineScheduleSingle
+        assert issubclass(cls, base), name
 
 
 def _results(name: str, p: int, m: int, *, start: float = 1000.0, chunks: int | None = None):

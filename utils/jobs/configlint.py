@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from utils.jobs.configrules import BATCH_KEYS, data_parallel_world, engine_findings, pipeline_keys
+from utils.jobs.configrules import BATCH_KEYS, INERT_SECTIONS, data_parallel_world, engine_findings, pipeline_keys
 from utils.system.dslog import quiet_accelerator_notice
 
 Severity = Literal["error", "warning"]
@@ -102,7 +102,7 @@ def lint_config(config: Mapping[str, Any], *, data_parallel: int = 1, num_stages
                                                                   device=device, scalar_defaults=scalar_defaults())
                      if error is None or found[0] not in BATCH_KEYS]
     findings += _comms_logger_switch(config)
-    unknown, errors = _unknown(config, {f.key for f in findings})
+    unknown, errors = _unknown(config, {f.key for f in findings} - set(INERT_SECTIONS))
     findings += unknown
     if error is not None:  # every section DeepSpeed's validation rejects, not only the first
         findings += [f for e in errors if type(e).__name__ == "ValidationError" for f in _from_error(e)]
@@ -304,7 +304,7 @@ def _unknown(config: Mapping, already: set[str]) -> tuple[list[Finding], list[Ex
         name = path[len(parent):]
         close = difflib.get_close_matches(name, siblings, n=1, cutoff=0.75)
         findings.append(Finding(path, "warning", "DeepSpeed does not read this key and ignores it silently.",
-                                f"did you mean {parent}{close[0]!r}?" if close else
+                                f"did you mean {parent + close[0]!r}?" if close else
                                 f"remove it (DeepSpeed reads {len(siblings)} keys here)"))
     return findings, errors
 

@@ -387,6 +387,11 @@ def batch_fix(config: Mapping, data_parallel: int) -> str:
     return "write train_batch_size or train_micro_batch_size_per_gpu"
 
 
+INERT_SECTIONS = ("activation_checkpointing",)
+"""Sections `engine_findings` may report as parsed but never applied. Such a finding is about the
+section's effect, not its keys: a misspelt key inside it still gets its own "did you mean"."""
+
+
 def engine_findings(config: Mapping, parsed, *, num_stages: int, device: str | None,
                     scalar_defaults: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     """(key, severity, message, fix) for what ``deepspeed.initialize`` of a PipelineModule and
@@ -456,8 +461,11 @@ def engine_findings(config: Mapping, parsed, *, num_stages: int, device: str | N
                           "activations and gradients between stages only with model (tensor) parallelism "
                           f"(is_{key.split('_')[0]}_partitioned = is_model_parallel and ...).",
                           "drop it unless the job also has tensor parallelism"))
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+
     section = config.get("activation_checkpointing")
-    if isinstance(section, Mapping) and any(v is True for v in section.values()):
+    if isinstance(section, Mapping) and any(k in ACT_CHKPT_DEFAULT and v != ACT_CHKPT_DEFAULT[k]
+                                            for k, v in section.items()):  # asks for anything at all
         found.append(("activation_checkpointing", "warning", "DeepSpeed parses this section but applies it "
                       "only when the script calls deepspeed.checkpointing.configure(mpu, deepspeed_config=...): "
                       "the engine never does, so PipelineModule's checkpoints run without these options.",

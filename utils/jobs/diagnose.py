@@ -33,11 +33,11 @@ from pathlib import Path
 from utils.analysis.diagnosis import Diagnosis, Symptom, Where
 from utils.analysis.report import PARTIAL
 from utils.analysis.slowness import performance_symptoms
-from utils.jobs.errors import engine_instruction_of, explain
+from utils.jobs.errors import engine_instruction_of, explain, timed_out
 from utils.jobs.exitreport import recorded_exit_report
 from utils.jobs.rundir import StatusSlot
 from utils.jobs.runs import Run
-from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, parse_stacks, stack_summary
+from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, on_nccl, parse_stacks, stack_summary
 from utils.workloads.presets import model_shape
 
 __all__ = ["diagnose", "parse_status", "waits_for"]
@@ -69,6 +69,8 @@ def diagnose(run: Run | str | Path, *, reveal_fault: bool = True) -> Diagnosis:
         kind, headline, findings = "hung", *_hung(run)
     else:
         kind, headline, findings = "failed", *_failed(run)
+    if run.plan.get("device") == "cuda" and kind != "ok":  # NCCL: a hang seen from the host; the flight recorder
+        findings = on_nccl(findings, run.run_dir, hung=kind == "hung")
     if run.record_problems and kind == "ok":  # every figure of a successful run rests on the record
         findings.insert(0, _partial(run))
         headline = f"{PARTIAL}; {headline}"
@@ -145,6 +147,8 @@ def _failed(run: Run) -> tuple[str, list[Symptom]]:
                                 cause="no rank left an error record, and the launcher's report names no rank",
                                 fix=f"read launcher.log and the ranks' logs in {run.path}"))
     primary = findings[0]
+    if primary.code == "collective-timeout" and primary.where.rank is not None:
+        return _timed_out(run, primary, explained)
     if primary.where.rank is not None:
         consequence = _consequences(run, primary, explained)
         if consequence is not None:
@@ -155,7 +159,23 @@ def _failed(run: Run) -> tuple[str, list[Symptom]]:
 _HOW = {"lost-connection": "lost its connection to it", "stopped": "was stopped by the launcher before it noticed"}
 
 
-def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object]]) -> Symptom | None:
+def _timed_out(run: Run, victim: Symptom, explained: list[tuple[dict, object]]) -> tuple[str, list[Symptom]]:
+    """A rank timed out waiting: those it waited for, silent and unfinished, are suspects (`errors.timed_out`)."""
+    spec, w, rd = run.spec, victim.where, run.run_dir
+    gave_up = min(e["time"] for e, _ in explained if e["rank"] == w.rank)
+    suspects = {}
+    for r in waits_for(w.rank, w.instruction, num_stages=spec.num_stages, data_parallel=spec.data_parallel,
+                       in_collective=w.instruction not in _COMM_WAITS):
+        slot = StatusSlot.read(rd.status_slot(r))
+        if (status := parse_status(slot))["time"] and not rd.error_file(r).exists() and not rd.result_file(r).exists():
+            suspects[r] = {"where": _where_of(spec, r, status), "doing": _STAMP.sub("", slot.strip()),
+                           "for_s": round(gave_up - status["time"], 1)}
+    head, findings = timed_out(victim, suspects)
+    also = _consequences(run, victim, explained, exclude=set(suspects))
+    return head, findings + ([also] if also else [])
+
+
+def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object]], exclude=()) -> Symptom | None:
     """One ``peer-lost`` finding for every rank that ended only because `primary`'s rank failed
     first, whichever way the race between them went (None when there is none):
 
@@ -170,7 +190,7 @@ def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object
     and no error record died by itself: not a consequence, not listed."""
     rd, first = run.run_dir, primary.where.rank
     report = recorded_exit_report(rd)
-    co_causes = {first, *primary.evidence.get("same_error_on_ranks", ())}
+    co_causes = {first, *primary.evidence.get("same_error_on_ranks", ()), *exclude}
     recorded = {e["rank"]: (e, x) for e, x in explained}
     how, told_by, doing = {}, {}, {}
     for rank in run.ranks:

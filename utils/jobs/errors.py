@@ -16,9 +16,12 @@ first instead.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["Explanation", "PATTERNS", "PEER_FAILURE_TEXTS", "Pattern", "engine_instruction_of", "explain"]
+from utils.analysis.diagnosis import Symptom
+
+__all__ = ["Explanation", "PATTERNS", "PEER_FAILURE_TEXTS", "Pattern", "engine_instruction_of", "explain",
+           "timed_out"]
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,8 @@ PATTERNS: tuple[Pattern, ...] = (
             "a neighbouring rank went away (it failed or was stopped) while this one talked to it",
             "look at the rank that failed first", consequence=True),
     Pattern("collective-timeout", r"[Tt]imed out|Watchdog caught collective operation timeout",
-            "a neighbour never answered within the process group's timeout (DEEPSPEED_TIMEOUT): it hung or died",
+            "a neighbour never answered within the process group's timeout (JobSpec.pg_timeout, else "
+            "DEEPSPEED_TIMEOUT): it hung or died",
             "look at what the neighbour was doing (its status and stacks)", consequence=True),
 )
 
@@ -200,6 +204,33 @@ def engine_instruction_of(traceback_text: str) -> str | None:
     if re.search(r"in (initialize|build_engine|build_module|__init__)\b", traceback_text):
         return "setup"
     return None
+
+
+def timed_out(victim: Symptom, suspects: dict[int, dict]) -> tuple[str, list[Symptom]]:
+    """The findings of a ``collective-timeout``: a rank gave up waiting (the process group's
+    timeout came before the job's own). Each rank it waited for that raised nothing and did not
+    finish is a suspect (``hang``), first; the rank that timed out follows, as the consequence it
+    is. `suspects`: rank -> ``where`` (a `Where` from its status slot), ``doing`` (the slot's
+    text) and ``for_s`` (how long it had been in that instruction when the other gave up). Told
+    from status slots only: the launcher collects stacks when the job's own timeout ends it.
+    Returns the diagnosis's headline and its findings."""
+    w = victim.where
+    took = {r: f" for {s['for_s']:.0f} s" if s["for_s"] is not None else "" for r, s in suspects.items()}
+    found = [Symptom(
+        code="hang", where=s["where"],
+        what=f"rank {r} (stage {s['where'].stage}) never answered rank {w.rank}'s {w.instruction}: it had been in "
+             f"{s['where'].instruction}{took[r]} when rank {w.rank} gave up, and raised nothing",
+        evidence={"doing": s["doing"], "for_s": s["for_s"], "waited_for_by": w.rank},
+        cause=f"rank {w.rank} waited in {w.instruction} for it longer than the process group's timeout and raised "
+              f"the timeout; rank {r} never reached its side of that operation: stuck in "
+              f"{s['where'].instruction} (its own code, or one instruction slower than the timeout)",
+        fix="run it again with pg_timeout=None (or longer than JobSpec.timeout): the job's own timeout then "
+            "collects every rank's stack, and utils.diagnose names the frame it is stuck in")
+        for r, s in suspects.items()]
+    if not found:
+        return f"rank {w.rank} (stage {w.stage}) failed first: {victim.what}", [victim]
+    return (f"rank {w.rank} (stage {w.stage}) timed out in {w.instruction} waiting for rank(s) {sorted(suspects)}",
+            [*found, replace(victim, severity="info")])
 
 
 class _Filler(dict):

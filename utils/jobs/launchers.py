@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ import psutil
 
 from utils.jobs.exitreport import ExitReport, placed_pids, read_log, torchrun_report
 from utils.jobs.rundir import LAUNCHER_CREATED_ENV, LAUNCHER_PID_ENV, RUN_TOKEN_ENV, RunDir
+from utils.jobs.stacks import FLIGHT_RECORDER_DIR, FLIGHT_RECORDER_PREFIX
 from utils.system.extensions import LOCK_NAME, build_locks, extensions_dir, remove_stale_build_locks
 from utils.system.paths import PROJECT_ROOT
 from utils.system.private_apis import warm_start
@@ -59,6 +61,28 @@ def ranks_path(path: str) -> str:
     op (~35 s): jobs from a plain shell and from a kernel whose PATH starts with the venv rebuilt
     it for each other, job after job."""
     return path if path.split(os.pathsep)[0] == INTERPRETER_BIN else os.pathsep.join([INTERPRETER_BIN, path])
+
+
+NCCL_FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                        "TORCH_NCCL_ENABLE_MONITORING": "1"}
+"""torch's NCCL flight recorder, on for an NCCL job: a ring of each rank's last 2000 operations,
+written to a file when NCCL's watchdog times out (the dump needs all three: torch 2.13's
+``ProcessGroupNCCL.hpp``; 2000 is its default, set so that no torch version leaves it at 0), and
+where to (``TORCH_FR_DUMP_TEMP_FILE``, `nccl_debug_environment`)."""
+OLDER_NAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+               "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+"""torch reads the newer name first and the older one with a deprecation warning
+(``FlightRecorder.hpp``: ``{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}``)."""
+
+
+def nccl_debug_environment(run_dir: RunDir, environ: Mapping[str, str]) -> dict[str, str]:
+    """The flight-recorder variables to add to an NCCL job's `environ` (`NCCL_FLIGHT_RECORDER`, and
+    the dumps' file prefix in the run directory: torch appends the rank), each unless `environ`
+    sets it under either of its names."""
+    folder = run_dir.file(FLIGHT_RECORDER_DIR)
+    folder.mkdir(exist_ok=True)
+    wanted = {**NCCL_FLIGHT_RECORDER, "TORCH_FR_DUMP_TEMP_FILE": str(folder / FLIGHT_RECORDER_PREFIX)}
+    return {k: v for k, v in wanted.items() if k not in environ and OLDER_NAMES.get(k) not in environ}
 
 
 class Launcher(ABC):
@@ -278,6 +302,8 @@ class LocalTorchrun(Launcher):
         self._temp = run_dir.file(RunDir.TEMP)
         self._temp.mkdir(exist_ok=True)
         env["TMPDIR"] = str(self._temp)
+        if plan.device == "cuda":  # where NCCL's own record of a timed-out operation goes
+            env.update(nccl_debug_environment(run_dir, env))
         run_dir.file(RunDir.LAUNCH_TOKEN).write_text(self.token, encoding="utf-8")
         env[RUN_TOKEN_ENV] = self.token
         # A lock left by a build that was stopped midway makes every rank wait forever.

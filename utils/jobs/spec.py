@@ -22,6 +22,7 @@ from utils.jobs.hosts import LauncherName, check_nodes
 from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, Precision, RepartitionMode, check_batching,
                                     check_config, check_dynamic, count as _count,
                                     is_sequence as _is_sequence)
+from utils.planning.catalogue import schedules_on
 from utils.planning.microbatching import Batching, MicroBatchOrder, MicroBatchPolicy
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
@@ -30,16 +31,16 @@ from utils.workloads.presets import model_shape
 if TYPE_CHECKING:
     from utils.jobs.configlint import Finding
 
-JobSchedule = Literal["1f1b", "gpipe"]
-"""Schedules a job runs on DeepSpeed: ``"1f1b"`` is DeepSpeed's own `TrainSchedule`;
-``"gpipe"`` is `utils.planning.schedules.build_schedule("gpipe", ...)` lowered onto the engine
-by `utils.runtime.lowering`."""
+JOB_SCHEDULES: tuple[str, ...] = schedules_on("deepspeed")
+"""Schedules a job runs on DeepSpeed (`utils.planning.catalogue`): ``"1f1b"`` is DeepSpeed's own
+`TrainSchedule`; ``"gpipe"`` is `utils.planning.schedules.build_schedule("gpipe", ...)` lowered
+onto the engine by `utils.runtime.lowering`."""
+JobSchedule = Literal[JOB_SCHEDULES]  # type: ignore[valid-type]
 PartitionMethod = Literal["uniform", "parameters", "profile"]
 """Partition methods by name: DeepSpeed's ``uniform`` and ``parameters``, and ``profile``
 (measured per-layer cost, exact balance), which DeepSpeed names but does not implement.
 DeepSpeed's ``type:REGEX`` is left out on purpose (see `utils.jobs.plan.plan_boundaries`)."""
 
-JOB_SCHEDULES: tuple[str, ...] = get_args(JobSchedule)
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +84,10 @@ class JobSpec:
     ``"cpu"`` / ``"cuda"`` (see `utils.system.devices.resolve_device`)."""
     timeout: float = 300.0
     """Seconds the whole job may take; a hung job is stopped and reported after this."""
+    pg_timeout: float | None = None
+    """Seconds one send, receive or collective on the job's default process group may wait before
+    it raises (``deepspeed.init_distributed(timeout=...)``; `utils.runtime.pgjoin`). None: DeepSpeed's
+    ``DEEPSPEED_TIMEOUT`` (whole minutes), which the launcher sets longer than `timeout`."""
     name: str = ""
     """A short label for the run directory and plots."""
     fault: Fault | None = None
@@ -268,6 +273,12 @@ class JobSpec:
             raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICES}")
         _positive_number("lr", self.lr, "a learning rate such as 3e-3")
         _positive_number("timeout", self.timeout, "seconds the whole job may take, such as 600")
+        if self.pg_timeout is not None:
+            _positive_number("pg_timeout", self.pg_timeout, "seconds one send, receive or collective may wait, "
+                             "such as 60; None for DeepSpeed's DEEPSPEED_TIMEOUT")
+            if self.pg_timeout < 1:
+                raise ValueError(f"pg_timeout={self.pg_timeout!r} s is too short: the ranks also connect to each "
+                                 "other under it when the process group is created; give at least 1 s")
         _count("seed", self.seed, minimum=0)
         _count("lr_warmup_steps", self.lr_warmup_steps, minimum=0)
         if not isinstance(self.name, str):

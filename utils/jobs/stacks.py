@@ -14,15 +14,23 @@ the job. A dump is plain ``faulthandler`` text, one block per thread, most recen
 ``runpy``) and `stack_summary` names its innermost frames and the DeepSpeed instruction
 it is in. No py-spy needed: a rank stopped by SIGSTOP (or a debugger) cannot answer, and
 says so by an empty dump.
+
+All of this is the *host's* view, and it is where a rank waits only where the host blocks in
+its sends and receives: gloo (CPU). On NCCL they return once enqueued and the host runs on to
+its next synchronisation; the device-side record is torch's NCCL flight recorder, whose dumps an
+NCCL job's launcher sends to `FLIGHT_RECORDER_DIR` (`flight_recorder_dumps`).
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+
 import psutil
 
+from utils.analysis.diagnosis import Symptom
 from utils.jobs.rundir import STACK_SIGNAL, RunDir
 
 #: DeepSpeed's engine method -> the instruction kind it executes (`utils.timeline` kinds).
@@ -32,6 +40,11 @@ ENGINE_METHODS = {
     "_exec_recv_grads": "recv_grad", "_exec_reduce_tied_grads": "reduce_tied_grads",
     "_exec_reduce_grads": "reduce_grads", "_exec_optimizer_step": "optimizer_step",
 }
+FLIGHT_RECORDER_DIR = "flight-recorder"
+"""The run-directory folder of an NCCL job's flight-recorder dumps, one file per rank
+(`utils.jobs.launchers.nccl_debug_environment` points torch there)."""
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+"""Their file names before the rank (torch's writer appends the rank to the prefix it is given)."""
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 
@@ -147,3 +160,42 @@ def _size(path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def flight_recorder_dumps(run_dir: RunDir) -> list[Path]:
+    """The NCCL flight-recorder dumps in the run directory (none unless NCCL timed out and dumped)."""
+    folder = run_dir.file(FLIGHT_RECORDER_DIR)
+    return sorted(folder.glob(f"{FLIGHT_RECORDER_PREFIX}*")) if folder.is_dir() else []
+
+
+HOST_VIEW = ("NCCL: its status slot and stack are the host's view, an upper bound of where it waits on the GPU: "
+             "it may wait in an earlier instruction (see nccl-host-view)")
+"""What every hang finding of an NCCL job adds to its cause."""
+
+
+def on_nccl(findings: list[Symptom], run_dir: RunDir, *, hung: bool) -> list[Symptom]:
+    """An NCCL job's findings: a hang's rest on the host's view, which can run ahead of the GPU (each
+    ``hang``/``waiting``/``deadlock`` says so, and an ``nccl-host-view`` finding after the first says
+    why and what sees the device side); a failure's first finding names the flight-recorder dumps."""
+    dumps = [str(p) for p in flight_recorder_dumps(run_dir)]
+    if not hung:
+        return [replace(findings[0], evidence={**findings[0].evidence, "flight_recorder": dumps}),
+                *findings[1:]] if dumps and findings else findings
+    marked = [replace(f, cause=f"{f.cause} [{HOST_VIEW}]") if f.code in ("hang", "waiting", "deadlock") else f
+              for f in findings]
+    caveat = Symptom(
+        code="nccl-host-view", severity="warning",
+        what="an NCCL job: each rank's status slot is an upper bound of where it waits, and the wait-for chain "
+             "above may name the wrong rank",
+        evidence={"backend": "nccl", "flight_recorder": dumps or f"no dump in {FLIGHT_RECORDER_DIR}/ (the job's "
+                  "own timeout ended it before NCCL's timeout fired, or NCCL could not write one)"},
+        cause="on NCCL a send, receive or collective returns once it is enqueued on the GPU; the host thread runs on "
+              "to its next synchronisation (the end-of-step synchronize, a loss .item()) and only the watchdog sees "
+              "the timeout (unless TORCH_NCCL_BLOCKING_WAIT=1). A rank that waits on the GPU can show a later "
+              "instruction in its slot, or a computing one in its stack, so it looks like the one everybody waits for",
+        fix=f"read the GPU side: the flight-recorder dumps (torchfrtrace {run_dir.file(FLIGHT_RECORDER_DIR)} -p "
+            f"{FLIGHT_RECORDER_PREFIX}: each rank's last operations and which never completed), NCCL_DEBUG=INFO in "
+            "the ranks' logs, TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that the ranks' collectives agree), py-spy "
+            "dump --native --pid PID for a rank stuck in C++; or run again with TORCH_NCCL_BLOCKING_WAIT=1, so "
+            "that the host waits where the GPU does")
+    return [*marked[:1], caveat, *marked[1:]]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from utils import validation
 from utils.jobs.multinode import free_port
+from utils.planning.catalogue import schedule_info, schedules_on
 from utils.planning.schedules import Schedule, build_schedule
 from utils.planning.whatif import predict_from_timeline
 from utils.system.cpu import rank_threads
@@ -40,14 +41,8 @@ from utils.timeline import COMPUTE_KINDS, KIND_LETTER, Event, Timeline
 
 __all__ = ["TORCH_SCHEDULES", "TorchPipelineFailed", "TorchPipelineRun", "run_torch_pipeline"]
 
-#: Schedules this runner can run, with the torch class that runs each.
-TORCH_SCHEDULES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-    "zb-h1": "ScheduleInterleavedZeroBubble",
-    "dualpipev": "ScheduleDualPipeV",
-}
+TORCH_SCHEDULES: tuple[str, ...] = schedules_on("torch")
+"""Schedules this runner can run: the catalogue's torch runtime (`utils.planning.catalogue`)."""
 _RUNTIME = "torch.distributed.pipelining"
 
 
@@ -115,16 +110,13 @@ def _check(schedules, ranks, micro_batches, chunks, layers, hidden, micro_batch_
         validation.count(name, value)
     if steps < 2:
         raise ValueError(f"steps must be >= 2: step 0 is warm-up and is left out of statistics, got {steps}")
-    if chunks < 2 and "interleaved-1f1b" in names:
-        raise ValueError(f"interleaved-1f1b needs chunks >= 2 model chunks per rank, got {chunks}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if fault_rank is not None and (isinstance(fault_rank, bool) or fault_rank not in range(ranks)):
         raise ValueError(f"fault_rank must be None or a rank in 0..{ranks - 1}, got {fault_rank!r}")
     plans = {}
     for name in names:  # build_schedule says why an m does not fit (rounds, 2p for dualpipev)
-        plans[name] = build_schedule(name, ranks, micro_batches,
-                                     chunks=chunks if name == "interleaved-1f1b" else None)
+        plans[name] = build_schedule(name, ranks, micro_batches, chunks=schedule_info(name).chunks_for(chunks))
         vs = plans[name].num_virtual_stages
         if layers % vs:
             raise ValueError(f"{name} on {ranks} ranks cuts the model into {vs} virtual stages: "
@@ -140,8 +132,9 @@ def run_torch_pipeline(schedules: Sequence[str] = ("1f1b", "interleaved-1f1b"), 
 
     The model is `layers` blocks of Linear(`hidden`, `hidden`) + Tanh with an MSE loss, the
     same seeded weights and data for every schedule; a step feeds `micro_batches`
-    micro-batches of `micro_batch_size` samples. ``interleaved-1f1b`` runs `chunks` model
-    chunks per rank, ``dualpipev`` two in a V, the others one. Every schedule runs `steps`
+    micro-batches of `micro_batch_size` samples. A schedule whose chunk count is free
+    (``interleaved-1f1b``) runs `chunks` model chunks per rank, the others their catalogue's
+    fixed count (``dualpipev`` and ``zbv`` two in a V, the rest one). Every schedule runs `steps`
     steps (step 0 is warm-up). `timeout` bounds the whole call (seconds, imports included).
     `fault_rank` (for tests) makes that rank raise before its first step.
 
@@ -227,7 +220,7 @@ def _timeline(name: str, plan: Schedule, results: list[dict], config: dict, thre
                     start=start - origin, end=end - origin, chunk=chunk)
               for rank, (step, kind, mb, _virtual, chunk, start, end) in rows]
     meta = {"schedule": name, "chunks": plan.chunks, "placement": plan.placement, "runtime": _RUNTIME,
-            "torch_class": TORCH_SCHEDULES[name], "layers": config["layers"], "hidden": config["hidden"],
+            "torch_class": schedule_info(name).torch_class, "layers": config["layers"], "hidden": config["hidden"],
             "threads_per_rank": threads,
             "virtual_stages": {r["rank"]: r["schedules"][name]["virtual_stages"] for r in results}}
     return Timeline(events=tuple(events), num_stages=plan.num_stages,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from utils import validation
+from utils.planning.catalogue import schedule_info
+from utils.planning.schedules import build_schedule
 
 PartitionAlgorithm = Literal["uniform", "parameters", "balanced"]
 """The methods `partition_layers` knows."""
@@ -45,8 +47,9 @@ class LayerMemory:
     """Bytes that do not depend on the schedule: parameters, gradients, optimizer state."""
     activation: Sequence[float]
     """Bytes of activations one micro-batch keeps alive in this layer until its backward."""
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
-    """``"1f1b"`` or ``"gpipe"``; ignored when `in_flight_per_stage` is given."""
+    schedule: str = "1f1b"
+    """A one-chunk schedule of `utils.planning.catalogue` (``"1f1b"``, ``"gpipe"``, ``"zb-h1"``);
+    ignored when `in_flight_per_stage` is given."""
     micro_batches: int = 1
     """Micro-batches per step (``gradient_accumulation_steps`` in DeepSpeed)."""
     in_flight_per_stage: Sequence[int] | None = None
@@ -62,12 +65,10 @@ class LayerMemory:
             return int(self.in_flight_per_stage[stage])
         if self.micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
-        if self.schedule == "gpipe":
-            return self.micro_batches
-        if self.schedule == "1f1b":
-            return min(num_stages - stage, self.micro_batches)
-        raise ValueError(f"unknown schedule {self.schedule!r}; use '1f1b' or 'gpipe' "
-                         "or give in_flight_per_stage")
+        if schedule_info(self.schedule).default_chunks != 1:
+            raise ValueError(f"{self.schedule} runs several model chunks per rank; this model counts "
+                             "whole stages: give in_flight_per_stage")
+        return build_schedule(self.schedule, num_stages, self.micro_batches).in_flight(stage)
 
 
 Memory = Sequence[float] | LayerMemory

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from utils import validation
+from utils.planning.catalogue import schedules_on
 from utils.planning.partitioning import partition_layers, stage_costs
 from utils.planning.schedules import build_schedule
 from utils.planning.simulator import simulate
@@ -37,8 +38,8 @@ from utils.planning.simulator import simulate
 __all__ = ["Rebalance", "LayerCosts", "Decision", "decide", "moved_layers",
            "estimate_migration_seconds", "REBALANCE_SCHEDULES", "OUTCOMES", "MIGRATION_SOURCES"]
 
-REBALANCE_SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe")
-"""Schedules a re-balancing job runs (the ones DeepSpeed's engine runs, see `JobSpec`)."""
+REBALANCE_SCHEDULES: tuple[str, ...] = schedules_on("deepspeed")
+"""Schedules a re-balancing job runs: the ones DeepSpeed's engine runs (`utils.planning.catalogue`)."""
 
 OUTCOMES: tuple[str, ...] = ("too-few-measurements", "already-balanced", "below-min-gain", "no-payback", "move")
 """What a look can decide, one per rule of `decide`, in the order the rules are tried."""

@@ -31,19 +31,18 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Literal, get_args
+from typing import Literal
 
 from utils import validation
 from utils.planning import vshaped
-from utils.planning.orders import interleaved_group_size, one_f_one_b
+from utils.planning.catalogue import SCHEDULE_NAMES, schedule_info
 
 from utils.timeline import COMPUTE_KINDS, KIND_LETTER, ComputeKind
 
 __all__ = ["Action", "SCHEDULE_NAMES", "Schedule", "ScheduleName", "build_schedule", "parse_action"]
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipev"]
-"""Schedule names `build_schedule` knows."""
-SCHEDULE_NAMES: tuple[str, ...] = get_args(ScheduleName)
+ScheduleName = Literal[SCHEDULE_NAMES]  # type: ignore[valid-type]  # the catalogue's names
+"""Schedule names `build_schedule` knows: those of `utils.planning.catalogue`."""
 
 _LETTER_KIND = {KIND_LETTER[k]: k for k in COMPUTE_KINDS}  # F, B, I, W
 _ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
@@ -390,6 +389,9 @@ def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, 
                    chunks: int | None = None) -> Schedule:
     """The schedule `name` for `num_stages` ranks and `num_micro_batches` micro-batches.
 
+    The order comes from the schedule's record in `utils.planning.catalogue` (its title and
+    source, bubble formula and runtimes are there too):
+
     * ``"gpipe"``: all forwards, then all backwards in micro-batch order 0..m-1.
     * ``"1f1b"``: rank ``s`` runs ``min(p - s - 1, m)`` warm-up forwards, then alternates
       forward and backward, then drains; the same order as DeepSpeed's ``TrainSchedule``.
@@ -403,64 +405,24 @@ def build_schedule(name: ScheduleName, num_stages: int, num_micro_batches: int, 
       ``ScheduleInterleavedZeroBubble`` with one chunk per rank.
     * ``"dualpipev"``: DualPipeV, two chunks per rank in a V (``placement="v"``), at least
       ``2p`` micro-batches; torch's ``ScheduleDualPipeV`` order (`utils.planning.vshaped`).
+    * ``"zbv"``: ZB-V, two chunks per rank in a V with every backward split into I and W;
+      torch's ``ScheduleZBVZeroBubble`` order (`utils.planning.vshaped.zbv_order`).
 
-    `chunks` defaults to what the schedule runs (2 for dualpipev, 1 otherwise); interleaved
-    1F1B needs it given (>= 2).
+    `chunks` defaults to the record's default (2 for interleaved-1f1b, dualpipev and zbv, 1
+    otherwise) and must lie in its range.
     """
-    key = name.lower().strip() if isinstance(name, str) else name
-    if key not in SCHEDULE_NAMES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
+    info = schedule_info(name)
     # Checked before the cache: True == 1 and 2.0 == 2 hash alike, so a cached build for 1
     # would otherwise answer build_schedule(name, True, ...).
     p = validation.count("num_stages", num_stages)
     m = validation.count("num_micro_batches", num_micro_batches)
-    v = validation.count("chunks", chunks if chunks is not None else 2 if key == "dualpipev" else 1)
-    return _build(key, p, m, v)
+    v = validation.count("chunks", chunks if chunks is not None else info.default_chunks)
+    info.check_chunks(v)
+    return _build(info.name, p, m, v)
 
 
 @lru_cache(maxsize=1024)
 def _build(key: str, p: int, m: int, v: int) -> Schedule:
-    if key == "dualpipev":
-        if v != 2:
-            raise ValueError(f"dualpipev runs exactly 2 model chunks per rank, got chunks={v}")
-        rows = tuple(tuple(_action(k, kind, mb, k // p) for k, kind, mb in row)
-                     for row in vshaped.dualpipev_order(p, m))
-        return Schedule(key, p, m, v, rows, placement="v")
-    if key == "interleaved-1f1b":
-        if v < 2:
-            raise ValueError("interleaved-1f1b needs chunks >= 2 model chunks per rank; "
-                             "with one chunk per rank use '1f1b'")
-        group = interleaved_group_size(p, m)
-    elif v != 1:
-        raise ValueError(f"{key} runs one model chunk per rank (chunks=1), got chunks={v}; "
-                         "use 'interleaved-1f1b' or 'dualpipev' for several")
-    rows = []
-    for r in range(p):
-        def act(kind: str, k: int, mb: int) -> Action:
-            return _action(k, kind, mb, k // p)
-        if key == "gpipe":
-            row = tuple(act("forward", r, i) for i in range(m)) + \
-                tuple(act("backward", r, j) for j in range(m))
-        elif key == "1f1b":
-            row = one_f_one_b(lambda i: act("forward", r, i), lambda j: act("backward", r, j),
-                               min(p - r - 1, m), m)
-        elif key == "zb-h1":
-            row = one_f_one_b(lambda i: act("forward", r, i),
-                               lambda j: act("backward_input", r, j), min(p - r - 1, m), m,
-                               weight=lambda j: act("backward_weight", r, j), delay=r)
-        else:  # interleaved: op i of a kind -> (chunk, micro-batch) in rounds of `group`
-            def place(i: int, reverse: bool) -> tuple[int, int]:
-                c = (i // group) % v
-                return (v - 1 - c if reverse else c), (i // (group * v)) * group + i % group
-
-            def fwd(i: int) -> Action:
-                c, mb = place(i, False)
-                return act("forward", c * p + r, mb)
-
-            def bwd(j: int) -> Action:
-                c, mb = place(j, True)
-                return act("backward", c * p + r, mb)
-            warmup = min((v - 1) * group + 2 * (p - 1 - r), v * m)
-            row = one_f_one_b(fwd, bwd, warmup, v * m)
-        rows.append(row)
-    return Schedule(key, p, m, v, tuple(rows))
+    info = schedule_info(key)
+    rows = tuple(tuple(_action(k, kind, mb, k // p) for k, kind, mb in row) for row in info.order(p, m, v))
+    return Schedule(key, p, m, v, rows, placement=info.placement)

@@ -20,7 +20,7 @@ them into a `Schedule`.
 
 from __future__ import annotations
 
-__all__ = ["v_rank", "dualpipev_order"]
+__all__ = ["Op", "v_rank", "dualpipev_order", "zbv_order"]
 
 Op = tuple[int, str, int]
 """``(virtual stage, kind, micro-batch)``, kind one of forward/backward/backward_input/backward_weight."""
@@ -100,3 +100,64 @@ def _rank_order(p: int, m: int, r: int) -> tuple[Op, ...]:
     for _ in range(r + 1):  # 8: the remaining weight passes
         weight()
     return tuple(ops)
+
+
+def zbv_order(num_stages: int, num_micro_batches: int) -> tuple[tuple[Op, ...], ...]:
+    """Every rank's ZB-V compute order (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024,
+    section 6): the V placement of DualPipeV with every backward split into an input pass (I)
+    and a weight pass (W). The same actions in the same order as torch's
+    ``ScheduleZBVZeroBubble.pipeline_order`` (torch 2.13).
+
+    Rank ``r`` warms up with ``2(p - r) - 1`` forwards of chunk 0, ``r`` pairs of chunk-1 and
+    chunk-0 forwards and ``p - r`` rounds of a chunk-1 forward followed at once by its I and
+    W; the steady state alternates F/I/W of chunk 0 with F/I/W of chunk 1; the drain runs the
+    remaining input passes first and the weight passes after them. Like torch, the order is
+    built for ``max(m, 2p - 1)`` micro-batches and the actions of micro-batches ``>= m`` are
+    then dropped, so any ``m >= 1`` runs (below ``2p - 1`` the pipeline is never full).
+    """
+    p, m = num_stages, num_micro_batches
+    if p < 1 or m < 1:
+        raise ValueError(f"zbv needs at least one rank and one micro-batch, got {p} and {m}")
+    return tuple(tuple(op for op in _zbv_rank(p, max(m, 2 * p - 1), r) if op[2] < m) for r in range(p))
+
+
+def _zbv_rank(p: int, n: int, r: int) -> list[Op]:
+    down, up = r, 2 * p - 1 - r  # chunk 0 (towards the last rank) and chunk 1 (back to rank 0)
+    ops: list[Op] = []
+    forwards = {down: 0, up: 0}
+    inputs = {down: 0, up: 0}
+    weights = {down: 0, up: 0}
+
+    def run(stage: int, kind: str) -> None:
+        counter = {"forward": forwards, "backward_input": inputs, "backward_weight": weights}[kind]
+        ops.append((stage, kind, counter[stage]))
+        counter[stage] += 1
+
+    for _ in range(2 * (p - r) - 1):  # warm-up 1: chunk-0 forwards
+        run(down, "forward")
+    for _ in range(r):  # warm-up 2: chunk-1 and chunk-0 forwards in pairs
+        run(up, "forward")
+        run(down, "forward")
+    for _ in range(p - r):  # warm-up 3: chunk-1 forward, its input and weight passes at once
+        run(up, "forward")
+        run(up, "backward_input")
+        run(up, "backward_weight")
+    while forwards[up] < forwards[down] or forwards[down] < n:  # steady state
+        if forwards[down] < n:
+            run(down, "forward")
+        run(down, "backward_input")
+        run(down, "backward_weight")
+        run(up, "forward")
+        run(up, "backward_input")
+        run(up, "backward_weight")
+    for _ in range(r):  # drain 1: input passes of both chunks
+        run(down, "backward_input")
+        run(up, "backward_input")
+    for _ in range(p - r):  # drain 2: chunk-0 input passes, each with a weight pass
+        run(down, "backward_input")
+        run(down, "backward_weight")
+    while weights[up] < inputs[up]:  # drain 3: the weight passes left, chunk 1 first
+        run(up, "backward_weight")
+    while weights[down] < inputs[down]:
+        run(down, "backward_weight")
+    return ops

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from numbers import Real
 from statistics import median
 
-from utils.planning.schedules import SCHEDULE_NAMES, build_schedule
+from utils.planning.catalogue import SCHEDULE_NAMES, schedule_info
+from utils.planning.schedules import build_schedule
 from utils.planning.simulator import Costs, simulate
 from utils.analysis.intervals import replica_index, transfer_intervals
 from utils.analysis.steps import steady_steps
@@ -176,7 +177,8 @@ def predict_from_timeline(timeline: Timeline, *, micro_batches: int | None = Non
     if name not in SCHEDULE_NAMES:
         raise ValueError(f"cannot simulate schedule {name!r} (from the timeline's meta); pass "
                          f"schedule= one of {', '.join(SCHEDULE_NAMES)}")
-    chunks = {"interleaved-1f1b": costs.chunks if costs.chunks > 1 else 2, "dualpipev": 2}.get(name, 1)
+    info = schedule_info(name)
+    chunks = info.chunks_for(costs.chunks if costs.chunks >= info.min_chunks else None)
     m = timeline.num_micro_batches if micro_batches is None else micro_batches
     target = build_schedule(name, timeline.num_stages, m, chunks=chunks)
     if (forward is None or backward is None) and costs.chunks != chunks:
@@ -240,19 +242,21 @@ def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_samp
     ``b`` samples. Per stage (a number or one value per stage): forward costs
     ``fixed_overhead + forward_per_sample * b``, backward ``fixed_overhead +
     backward_per_sample * b`` (plus ``weight_per_sample * b`` for unsplit schedules when
-    given; zb-h1 needs it as its W pass), activations ``activation_bytes_per_sample * b``
-    per micro-batch held, and `memory_budget` caps each rank's activation peak. With
-    ``"interleaved-1f1b"`` each rank's per-sample costs and bytes split evenly over its
-    `chunks` chunks while every chunk pays the full `fixed_overhead` (more, smaller kernels),
-    and counts m that torch cannot interleave are skipped.
+    given; a split schedule (zb-h1, zbv, dualpipev) needs it as its W pass), activations ``activation_bytes_per_sample * b``
+    per micro-batch held, and `memory_budget` caps each rank's activation peak. A schedule
+    with several chunks per rank (``"interleaved-1f1b"`` with `chunks`, the V schedules with
+    two) splits each rank's per-sample costs and bytes evenly over its chunks while every chunk
+    pays the full `fixed_overhead` (more, smaller kernels); counts m a schedule cannot run
+    (interleaving rounds, the V schedules' minimum) are skipped.
     """
     p, global_batch, data_parallel = int(num_stages), int(global_batch), int(data_parallel)
     if global_batch < 1 or data_parallel < 1 or global_batch % data_parallel:
         raise ValueError(f"global_batch {global_batch} must be a positive multiple of "
                          f"data_parallel {data_parallel}")
     batch = global_batch // data_parallel
-    if "interleaved-1f1b" in schedules and chunks < 2:
-        raise ValueError(f"interleaved-1f1b needs chunks >= 2, got {chunks}")
+    infos = [schedule_info(name) for name in schedules]
+    for info in infos:
+        info.check_chunks(info.chunks_for(chunks))
     fps = _per_stage(forward_per_sample, p, "forward_per_sample")
     bps = _per_stage(backward_per_sample, p, "backward_per_sample")
     wps = None if weight_per_sample is None else _per_stage(weight_per_sample, p, "weight_per_sample")
@@ -260,25 +264,23 @@ def search_micro_batches(global_batch: int, *, num_stages: int, forward_per_samp
     over = _per_stage(fixed_overhead, p, "fixed_overhead")
     budget = _per_stage(memory_budget, p, "memory_budget")
     rows: list[SearchRow] = []
-    for name in schedules:
-        v = chunks if name == "interleaved-1f1b" else 1
+    for info in infos:
+        name, v = info.name, info.chunks_for(chunks)
         for m in (d for d in range(1, batch + 1) if batch % d == 0):
             try:
                 sched = build_schedule(name, p, m, chunks=v)
             except ValueError:
-                if name == "interleaved-1f1b":
-                    continue  # m not allowed for interleaving
-                raise
+                continue  # an m this schedule cannot run (interleaving rounds, DualPipeV's 2p)
             if sched.split_backward and wps is None:
-                raise ValueError("zb-h1 needs weight_per_sample (the W pass)")
+                raise ValueError(f"{name} splits the backward: give weight_per_sample (the W pass)")
             b = batch // m
-            f = [over[k % p] + fps[k % p] * b / v for k in range(p * v)]
-            bw = [over[k % p] + bps[k % p] * b / v for k in range(p * v)]
-            w = None if wps is None else [wps[k % p] * b / v for k in range(p * v)]
-            if w is not None and not sched.split_backward:
-                bw, w = [x + y for x, y in zip(bw, w)], None
+            rank = [sched.rank_of(k) for k in range(p * v)]
+            f = [over[r] + fps[r] * b / v for r in rank]
+            bw = [over[r] + bps[r] * b / v for r in rank]
+            w = None if wps is None else [wps[r] * b / v for r in rank]
+            full = bw if w is None else [x + y for x, y in zip(bw, w)]  # B = I + W
             plan = sched._plan
-            cost = {"forward": f, "backward": bw, "backward_input": bw, "backward_weight": w}
+            cost = {"forward": f, "backward": full, "backward_input": bw, "backward_weight": w}
             durations = [cost[a.kind][a.virtual_stage] for a in plan.actions]
             start, end = plan.times(durations, comm, p)
             makespan = max(end) - min(start)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from heapq import heappop, heappush
 
+from utils.planning.catalogue import schedule_info
 from utils.planning.schedules import Schedule, build_schedule
 from utils.timeline import INSTRUCTION_KINDS, KIND_LETTER, STEP_KINDS, InstructionKind
 
@@ -196,8 +197,9 @@ def install_schedule(engine, name: str) -> None:
     first. So the last stage stashes each micro-batch's loss by buffer and restores it before
     that buffer's backward; with it, GPipe and 1F1B give bit-identical losses.
     """
-    if str(name).lower().strip() == "interleaved-1f1b":  # build_schedule wants chunks >= 2 for it
-        raise ValueError(f"schedule {name!r} is interleaved; {_NOT_SUPPORTED}")
+    info = schedule_info(name)
+    if not info.runs_on("deepspeed"):
+        raise ValueError(f"schedule {name!r} runs on {', '.join(info.runtimes)} only: {_NOT_SUPPORTED}")
     lower(build_schedule(name, engine.num_stages, engine.micro_batches))  # refuse now, not at step 1
     pipe_schedule, classes = _deepspeed_classes()
     engine._train_schedule = lambda: pipe_schedule(

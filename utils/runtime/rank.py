@@ -162,14 +162,11 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
                                 activation_checkpoint_func=non_reentrant_checkpoint)
 
 
-def connect(device: str) -> None:
-    """Join the job's process group (once per process; later calls do nothing)."""
-    import deepspeed
-    import torch
+def connect(device: str, spec: JobSpec) -> None:
+    """Join the job's process group, with the spec's timeout (once per process; `utils.runtime.pgjoin`)."""
+    from utils.runtime.pgjoin import join_process_group
 
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    join_process_group(device, spec)
 
 
 def build_engine(spec: JobSpec, model, boundaries: Sequence[int], device: str):
@@ -183,7 +180,7 @@ def build_engine(spec: JobSpec, model, boundaries: Sequence[int], device: str):
     from utils.jobs.config import deepspeed_config
     from utils.runtime.lowering import install_schedule
 
-    connect(device)
+    connect(device, spec)
     module = build_module(spec, model, boundaries)
     engine, _, _, _ = deepspeed.initialize(
         model=module, model_parameters=[p for p in module.parameters() if p.requires_grad],

@@ -35,20 +35,11 @@ from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+from utils.planning.catalogue import schedule_info, schedules_on
 from utils.planning.schedules import build_schedule
 from utils.system.cpu import prepare_cpu_rank
 
-__all__ = ["TORCH_CLASSES", "torch_schedule_order", "main"]
-
-#: Workbook schedule name -> torch.distributed.pipelining class that runs it.
-TORCH_CLASSES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-    "zb-h1": "ScheduleInterleavedZeroBubble",
-    "dualpipev": "ScheduleDualPipeV",
-}
-_SINGLE = ("gpipe", "1f1b")  # torch's single-stage schedules: one PipelineStage per rank
+__all__ = ["torch_schedule_order", "main"]
 
 
 def torch_schedule_order(name: str, num_stages: int, num_micro_batches: int,
@@ -58,13 +49,13 @@ def torch_schedule_order(name: str, num_stages: int, num_micro_batches: int,
 
     Overlapped forward+backward pairs (DualPipeV's ``OVERLAP_F_B``) are listed as their two
     actions, forward first, which is the order torch's runtime runs them in. Only schedules
-    run by torch's ``_PipelineScheduleRuntime`` (interleaved-1f1b, zb-h1, dualpipev): the
-    ``pipeline_order`` of its single-stage ``Schedule1F1B`` lists the last rank wrongly
-    (its runtime is right), so compare those against a traced run instead.
+    run by torch's ``_PipelineScheduleRuntime`` (the catalogue's ``torch_multi_stage``
+    ones): the ``pipeline_order`` of its single-stage ``Schedule1F1B`` lists the last rank
+    wrongly (its runtime is right), so compare those against a traced run instead.
     """
-    if name not in TORCH_CLASSES or name in _SINGLE:
-        raise ValueError(f"torch_schedule_order covers interleaved-1f1b, zb-h1 and dualpipev, "
-                         f"not {name!r}")
+    multi = [n for n in schedules_on("torch") if schedule_info(n).torch_multi_stage]
+    if name not in multi:
+        raise ValueError(f"torch_schedule_order covers {', '.join(multi)}, not {name!r}")
     import torch
     from torch.distributed.pipelining import schedules as torch_schedules
 
@@ -74,7 +65,7 @@ def torch_schedule_order(name: str, num_stages: int, num_micro_batches: int,
     stages = [SimpleNamespace(num_stages=p * v, group_size=p, group_rank=0, stage_index=k,
                               is_first=k == 0, is_last=k == p * v - 1, submod=torch.nn.Identity())
               for k in local]
-    schedule = getattr(torch_schedules, TORCH_CLASSES[name])(stages, num_micro_batches)
+    schedule = getattr(torch_schedules, schedule_info(name).torch_class)(stages, num_micro_batches)
     order = {}
     for rank, ops in schedule.pipeline_order.items():
         flat = []
@@ -147,7 +138,8 @@ def _run_schedule(name: str, config: dict, rank: int, world: int) -> dict:
     from torch.distributed import pipelining
 
     m = config["micro_batches"]
-    plan = build_schedule(name, world, m, chunks=config["chunks"] if name == "interleaved-1f1b" else None)
+    info = schedule_info(name)
+    plan = build_schedule(name, world, m, chunks=info.chunks_for(config["chunks"]))
     vs = plan.num_virtual_stages
     chunks = _model(config, vs)
     mine = [k for k in range(vs) if plan.rank_of(k) == rank]  # local chunk order: 0, 1, ...
@@ -159,12 +151,12 @@ def _run_schedule(name: str, config: dict, rank: int, world: int) -> dict:
         stages.append(stage)
     params = [q for k in mine for q in chunks[k].parameters()]
     optimizer = torch.optim.SGD(params, lr=config["lr"])
-    cls = getattr(pipelining, TORCH_CLASSES[name])
+    cls = getattr(pipelining, info.torch_class)
 
     def loss_fn(output, target):
         return torch.nn.functional.mse_loss(output, target)
 
-    schedule = cls(stages[0] if name in _SINGLE else stages, m, loss_fn=loss_fn)
+    schedule = cls(stages if info.torch_multi_stage else stages[0], m, loss_fn=loss_fn)
     generator = torch.Generator().manual_seed(config["seed"] + 1)
     batch = m * config["micro_batch_size"]
     x = torch.randn(batch, config["hidden"], generator=generator)
@@ -185,7 +177,7 @@ def _run_schedule(name: str, config: dict, rank: int, world: int) -> dict:
         if last:
             losses.append(float(torch.stack(step_losses).mean()))
     return {"events": events, "losses": losses if last else None, "virtual_stages": mine,
-            "torch_class": TORCH_CLASSES[name], "placement": plan.placement, "chunks": plan.chunks}
+            "torch_class": info.torch_class, "placement": plan.placement, "chunks": plan.chunks}
 
 
 def main() -> None:
