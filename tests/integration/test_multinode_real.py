@@ -13,7 +13,8 @@ import time
 import psutil
 import pytest
 
-from utils import JobFailed, JobSpec, Run, TorchrunNodes, boundary_links, plot_timeline, run_job, start_job
+from utils import (JobFailed, JobSpec, Run, TorchrunNodes, boundary_links, plot_timeline, prepare_job, run_job,
+                   start_job)
 from utils.system.procs import end_process_tree
 
 pytestmark = pytest.mark.integration
@@ -74,7 +75,7 @@ def _own_tmp(tmp_path) -> dict[str, str]:
 
 
 def test_prepared_per_node_commands_run_by_hand(single, tmp_path):
-    prepared = JobSpec(**BASE, hosts=LOOPBACK, name="by-hand").commands()
+    prepared = prepare_job(JobSpec(**BASE, hosts=LOOPBACK, name="by-hand"))
     agents = [subprocess.Popen(["bash", "-c", c], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                env=_own_tmp(tmp_path)) for c in prepared.per_node]
     assert [a.wait(timeout=240) for a in agents] == [0, 0]
@@ -94,7 +95,7 @@ def test_the_slurm_script_runs_under_a_stand_in_srun(single, tmp_path):
         "rc=0; for p in \"${pids[@]}\"; do wait $p || rc=$?; done; exit $rc\n")
     for tool in bin_dir.iterdir():
         tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    prepared = JobSpec(**BASE, hosts=LOOPBACK, name="slurm").commands()
+    prepared = prepare_job(JobSpec(**BASE, hosts=LOOPBACK, name="slurm"))
     env = {**_own_tmp(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "2",
            "SLURM_JOB_NODELIST": "stand-in[1-2]", "SLURM_JOB_ID": "4242"}
     done = subprocess.run(["bash", str(prepared.path / "job.slurm")], env=env, capture_output=True, text=True,

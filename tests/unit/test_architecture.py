@@ -19,8 +19,6 @@ PACKAGE = ROOT / "utils"
 EXCEPTIONS = {
     ("utils.timeline", "utils.analysis.metrics"): "Timeline.metrics() is a convenience that "
                                                   "defers to analysis at call time",
-    ("utils.jobs.spec", "utils.jobs.commands"): "JobSpec.commands() is a convenience that defers to "
-                                                "prepare_job (which plans the spec) at call time",
 }
 
 #: What each layer may import from utils (besides itself). Read top-down: the base first.

@@ -98,7 +98,7 @@ def test_a_multi_host_deepspeed_job_needs_pdsh_before_anything_starts(two_hosts,
 
 
 def test_prepared_commands_carry_the_token_and_the_slurm_script_is_valid(tmp_path):
-    prepared = JobSpec(num_stages=4, hosts=["127.0.0.1", "127.0.0.2"], name="prep").commands(directory=tmp_path)
+    prepared = prepare_job(JobSpec(num_stages=4, hosts=["127.0.0.1", "127.0.0.2"], name="prep"), directory=tmp_path)
     token = (prepared.path / RunDir.LAUNCH_TOKEN).read_text()
     assert len(prepared.per_node) == 2 and all(f"{RUN_TOKEN_ENV}={token}" in c for c in prepared.per_node)
     assert (prepared.path / "spec.json").exists() and (prepared.path / "plan.json").exists()

@@ -1,6 +1,6 @@
 """A job to run outside the notebook: its run directory, each node's command and a SLURM script.
 
-``spec.commands()`` (`prepare_job`) plans the job as `run_job` would, creates its run directory
+`prepare_job(spec)` plans the job as `run_job` would, creates its run directory
 (spec, plan, launch token) and returns `NodeCommands`: the exact command for every node and a
 SLURM batch script. Run them in terminals on the nodes, or ``sbatch`` the script; the ranks
 record into the prepared directory, and ``Run.load(path)`` reads the result in the notebook

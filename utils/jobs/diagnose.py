@@ -38,7 +38,6 @@ from utils.jobs.exitreport import recorded_exit_report
 from utils.jobs.rundir import StatusSlot
 from utils.jobs.runs import Run
 from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, on_nccl, parse_stacks, stack_summary
-from utils.workloads.presets import model_shape
 
 __all__ = ["diagnose", "parse_status", "waits_for"]
 
@@ -421,7 +420,7 @@ def _in_injected_hang(stack: ThreadStack | None) -> bool:
 # --- succeeded ------------------------------------------------------------------------------------
 def _succeeded(run: Run) -> tuple[str, list[Symptom]]:
     parts = run.parts if len(run.partitions) == 1 else None  # peers by layers only while the partition holds
-    names = list(model_shape(run.spec.model, run.spec.model_options).layer_names) if parts else None
+    names = list(run.spec.shape.layer_names) if parts else None
     try:
         findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs,
                                         step_memory=run.step_memory,

@@ -83,7 +83,7 @@ class TorchrunNodes(LocalTorchrun):
         remote = [n.host for n in self._starts(plan) if not is_local_host(n.host)]
         if remote:
             raise ValueError(f"host(s) {remote} are not this machine, and the notebook starts torchrun agents only "
-                             "here: run spec.commands() to get each node's command and a SLURM script, or "
+                             "here: run utils.prepare_job(spec) to get each node's command and a SLURM script, or "
                              "launcher='deepspeed' (DeepSpeed's runner reaches other hosts through pdsh and ssh)")
         unknown = sorted((self.start_nodes or set()) - {n.index for n in plan.nodes})
         if unknown:
@@ -201,7 +201,7 @@ class DeepSpeedRunner(LocalTorchrun):
         if len(plan.nodes) > 1 and shutil.which("pdsh") is None:
             raise ValueError("DeepSpeed's runner starts the other hosts' ranks through pdsh, which is not installed "
                              "here (apt-get install pdsh; passwordless ssh to every host), or run each node's "
-                             "command from spec.commands() on that node")
+                             "command from utils.prepare_job(spec) on that node")
         if uses_shm(plan):
             space = shm.space_for(plan.spec.world_size)  # counting stale buffers as free: `prepare` removes them
             if not space.enough:

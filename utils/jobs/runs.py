@@ -29,7 +29,6 @@ from utils.planning.microbatching import MicroBatchDecision
 from utils.planning.rebalance import Decision
 from utils.system.fileio import JsonLines, scan_jsonl
 from utils.timeline import Event, Timeline
-from utils.workloads.presets import model_shape
 
 
 @dataclass
@@ -123,7 +122,7 @@ class Run:
         return Timeline(events=tuple(events), num_stages=spec.num_stages,
                         num_micro_batches=spec.micro_batches, source="measured",
                         micro_batch_size=spec.micro_batch_size, data_parallel=spec.data_parallel,
-                        seq_len=model_shape(spec.model, spec.model_options).seq_len,
+                        seq_len=spec.shape.seq_len,
                         label=spec.name or self.name,
                         meta={"schedule": spec.schedule, "parts": self.parts, "run": str(self.path),
                               "partitions": [(c.step, list(c.boundaries)) for c in self.partitions],
@@ -422,6 +421,6 @@ def _canonical(spec: JobSpec) -> JobSpec:
     """`spec` with its model options spelled out in full: ``{"blocks": 6}`` and ``{}`` are the
     same job when 6 is the preset's default."""
     try:
-        return replace(spec, model_options=dict(sorted(model_shape(spec.model, spec.model_options).options.items())))
+        return replace(spec, model_options=dict(sorted(spec.shape.options.items())))
     except (TypeError, ValueError):
         return spec

@@ -245,7 +245,7 @@ class JobSpec:
             raise TypeError(f"model must be a preset name such as 'gpt', got {self.model!r}")
         if not isinstance(self.model_options, Mapping) or not all(isinstance(k, str) for k in self.model_options):
             raise TypeError(f"model_options must be a dict of option name -> int, got {self.model_options!r}")
-        n = model_shape(self.model, self.model_options).num_layers
+        n = self.shape.num_layers
         if self.num_stages > n:
             raise ValueError(f"num_stages={self.num_stages} but model {self.model!r} has only {n} layers: "
                              f"every stage needs at least one layer; use num_stages <= {n} or more blocks "
@@ -301,12 +301,12 @@ class JobSpec:
         return lint_config(deepspeed_config(self), data_parallel=self.data_parallel, num_stages=self.num_stages,
                            device=device)
 
-    def commands(self, *, directory=None):
-        """Prepare this job to run outside the notebook: its run directory, every node's
-        command and a SLURM script (`utils.jobs.commands.prepare_job`; print the result)."""
-        from utils.jobs.commands import prepare_job
-
-        return prepare_job(self, directory=directory)
+    @property
+    def shape(self):
+        """What `model` with `model_options` resolves to (`utils.workloads.presets.ModelShape`:
+        layers, layer names, sequence length, the options spelled out in full), computed
+        without torch; ValueError for an unknown preset or option, saying what to change."""
+        return model_shape(self.model, self.model_options)
 
     # --- persistence --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

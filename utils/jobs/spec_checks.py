@@ -11,7 +11,6 @@ from typing import Literal, get_args
 from utils import validation
 from utils.planning.microbatching import BATCHING_METHODS, MICRO_BATCH_ORDERS, MicroBatchPolicy, in_flight_samples
 from utils.planning.rebalance import Rebalance
-from utils.workloads.presets import model_shape
 
 RepartitionMode = Literal["live", "restart"]
 """How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
@@ -70,7 +69,7 @@ def check_dynamic(spec, n_layers: int) -> None:
                              "progressive freezing only grows: give non-decreasing counts")
         previous = frozen
     if spec.seq_len_at:
-        longest = model_shape(spec.model, spec.model_options).seq_len
+        longest = spec.shape.seq_len
         if longest is None:
             raise ValueError(f"seq_len_at needs a language model preset ('gpt', 'gpt-large'), not {spec.model!r}")
         for step, tokens in spec.seq_len_at.items():
@@ -91,7 +90,7 @@ def check_batching(spec) -> None:
         raise ValueError(f"unknown micro_batch_order {spec.micro_batch_order!r}; choose one of {MICRO_BATCH_ORDERS}")
     if spec.micro_batch_order != "as-planned" and not varlen:
         raise ValueError("micro_batch_order reorders variable-length micro-batches: set batching= too")
-    longest = model_shape(spec.model, spec.model_options).seq_len
+    longest = spec.shape.seq_len
     if (varlen or spec.micro_batches_at) and longest is None:
         raise ValueError(f"batching={spec.batching!r} and micro_batches_at need a language model preset "
                          f"('gpt', 'gpt-large'), not {spec.model!r}")
