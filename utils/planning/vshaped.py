@@ -1,4 +1,4 @@
-"""V-shaped placement and the DualPipeV order, as plain tuples.
+"""V-shaped placement and the DualPipeV and ZB-V orders, as plain tuples.
 
 DualPipeV (the "cut-in-half" variant of DeepSeek-V3's DualPipe, see the DualPipe README)
 runs ``2 * p`` virtual stages on ``p`` ranks in a **V**: rank ``r`` holds virtual stage ``r``
@@ -14,16 +14,15 @@ overlap function is registered. Most backwards are full (``"backward"``); the fi
 ones and the last ones of the drain are split into an input pass and a later weight pass.
 
 This module imports nothing from `utils.planning.schedules` (which imports it): it speaks
-in ``(virtual_stage, kind, micro_batch)`` tuples; `build_schedule("dualpipev", ...)` turns
-them into a `Schedule`.
+in ``(virtual_stage, kind, micro_batch)`` tuples (`utils.planning.orders.Op`);
+`build_schedule("dualpipev", ...)` and `build_schedule("zbv", ...)` turn them into a `Schedule`.
 """
 
 from __future__ import annotations
 
-__all__ = ["Op", "v_rank", "dualpipev_order", "zbv_order"]
+from utils.planning.orders import Op
 
-Op = tuple[int, str, int]
-"""``(virtual stage, kind, micro-batch)``, kind one of forward/backward/backward_input/backward_weight."""
+__all__ = ["v_rank", "dualpipev_order", "zbv_order"]
 
 
 def v_rank(virtual_stage: int, num_stages: int) -> int:
