@@ -19,8 +19,7 @@ from datetime import timedelta
 
 def pg_timeout(spec) -> timedelta | None:
     """`spec.pg_timeout` as the timedelta torch takes, or None (DeepSpeed's default)."""
-    seconds = getattr(spec, "pg_timeout", None)
-    return None if seconds is None else timedelta(seconds=seconds)
+    return None if spec.pg_timeout is None else timedelta(seconds=spec.pg_timeout)
 
 
 def join_process_group(device: str, spec) -> None:
