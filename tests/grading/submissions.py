@@ -63,8 +63,8 @@ fresh_copy         lab03 (point 3): balanced_partition calls a fresh copy of the
 metrics_shortcut   labs 1 and 2: the answers call the library's metrics instead of computing
                    them from the events (issue 15: the labs forbid it while the checks run);
                    lab05: summarize calls utils.simulate (the lab forbids it while task 4's checks run);
-                   lab07: read_status and diagnose_failure call utils.diagnose's own parser and
-                   diagnosis (the lab forbids them while its checks call the student's code)
+                   lab07: diagnose_failure calls utils.diagnose (the lab forbids it while its
+                   checks call the student's code; the library has no status-text parser to call)
 =================  ==================================================================
 """
 
@@ -525,14 +525,6 @@ def measured_bubble(timeline):
     return float(timeline.metrics().bubble_ratio)
 '''},
     "lab07_diagnose_pipeline_jobs": {
-        "read_status": '''
-from utils.jobs.diagnose import parse_status
-
-
-def read_status(text):
-    found = parse_status(text)
-    return {key: found[key] for key in ("step", "instruction", "micro_batch")}
-''',
         "diagnose_failure": '''
 def diagnose_failure(record):
     run = next(r for r in utils.list_runs() if r.name == record["run"])

@@ -32,9 +32,9 @@ EXPECTED = {
     "tests_deleted": FULL,  # deleting the self-checks loses nothing
     "liar": NONE,
     "garbage": NONE,  # not a notebook
-    # utils.diagnose (and its status parser) called where the lab asks for the student's own reading:
-    # the ban swaps their code inside the kernel while the checks call the student's functions.
-    "metrics_shortcut": {**FULL, "read_status": 0, "diagnose_failure": 0},
+    # utils.diagnose called where the lab asks for the student's own reading: the ban swaps its code
+    # inside the kernel while the checks call the student's functions (read_status is the solution's).
+    "metrics_shortcut": {**FULL, "diagnose_failure": 0},
 }
 
 
@@ -84,7 +84,7 @@ def test_partial_credit_names_what_failed(graded):
 def test_the_library_diagnosis_is_refused_with_the_labs_reason(graded):
     results, _, _ = graded
     checks = {c.id: c for c in results["metrics_shortcut"].checks}
-    assert "AssertionError" in checks["read_status_public"].message
+    assert "AssertionError" in checks["diagnose_public"].message
     assert "utils.diagnose" in checks["diagnose_public"].message
     assert results["correct"].review == [] and results["partly_wrong"].review == []
 

@@ -37,9 +37,10 @@ ALLOWED = {
     "utils.jobs": {"utils.workloads", "utils.profiling", "utils.planning", "utils.analysis",
                    "utils.timeline", "utils.system", "utils.validation"},
     # The rank program: from the jobs layer only the spec, its DeepSpeed config and the
-    # run-directory contract, never launching or ui; from planning the schedules it lowers
-    # and the re-balancing policy a running job decides with (pure functions).
-    "utils.runtime": {"utils.jobs.spec", "utils.jobs.config", "utils.jobs.rundir", "utils.workloads",
+    # run-directory contract (its files and their records), never launching or ui; from planning
+    # the schedules it lowers and the re-balancing policy a running job decides with (pure functions).
+    "utils.runtime": {"utils.jobs.spec", "utils.jobs.config", "utils.jobs.rundir", "utils.jobs.records",
+                      "utils.workloads",
                       "utils.planning.schedules", "utils.planning.catalogue", "utils.planning.rebalance", "utils.planning.microbatching",
                       "utils.timeline", "utils.system",
                       "utils.validation"},

@@ -100,7 +100,6 @@ def test_zbv_holds_no_more_activations_than_1f1b_with_the_same_work_per_rank():
 
 # --- one owner: no other module spells a schedule fact -------------------------------------------
 ALLOWED = {
-    ("utils/jobs/torchpipe.py", "run_torch_pipeline"): "a default argument: what the runner shows first",
     ("utils/planning/whatif.py", "search_micro_batches"): "a default argument: the schedules DeepSpeed runs",
     ("utils/planning/whatif.py", "_time_search"): "the set a timing benchmark sweeps",
 }

@@ -58,7 +58,7 @@ def _state(tmp_path: Path) -> SimpleNamespace:
     said = []
     return SimpleNamespace(run_dir=run_dir, engine=Engine(), rank=0, device="cpu", boundaries=[0, 1, 2],
                            origin_wall=None, data=SimpleNamespace(state=lambda: {"position": 3}),
-                           status=said.append, said=said)
+                           status=lambda doing, *, step, detail="": said.append(f"{doing}: {detail}"), said=said)
 
 
 def _files(folder: Path) -> list[str]:

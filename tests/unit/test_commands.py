@@ -16,6 +16,7 @@ from torch.distributed.run import get_args_parser
 
 from utils import JobSpec, Run, plan_job, prepare_job
 from utils.jobs.multinode import DeepSpeedRunner
+from utils.jobs.records import RankResult
 from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir
 from utils.system.paths import PROJECT_ROOT
 
@@ -125,9 +126,9 @@ def test_a_run_nobody_watched_reads_as_its_ranks_wrote(tmp_path):
     prepared = prepare_job(JobSpec(num_stages=2, name="by-hand"), directory=tmp_path)
     run_dir = RunDir(prepared.path)
     assert Run.load(prepared.path).state == "incomplete"  # nothing ran yet (or it still runs)
-    run_dir.write_result(0, {"stage": 0})
+    run_dir.write_result(RankResult(rank=0, stage=0))
     assert Run.load(prepared.path).state == "incomplete"
-    run_dir.write_result(1, {"stage": 1})
+    run_dir.write_result(RankResult(rank=1, stage=1))
     assert Run.load(prepared.path).state == "succeeded"
     run_dir.write_error(1, {"rank": 1, "message": "boom"})
     assert Run.load(prepared.path).state == "failed"

@@ -14,8 +14,9 @@ from tests.helpers import SMALL_GPT, schedule_events
 from utils import Fault, JobSpec
 from utils.analysis.diagnosis import Diagnosis, Symptom, Where
 from utils.analysis.slowness import STRAGGLER_FACTOR, performance_symptoms, rank_costs
-from utils.jobs.diagnose import _chains, diagnose, parse_status, waits_for
+from utils.jobs.diagnose import _chains, diagnose, waits_for
 from utils.jobs.errors import PATTERNS, engine_instruction_of, explain
+from utils.jobs.records import Failure, RankEnd, SlotStatus, StatusSlot
 from utils.jobs.rundir import RunDir
 from utils.jobs.stacks import engine_instruction, main_stack, parse_stacks, short_path, stack_summary
 from utils.timeline import Timeline
@@ -121,13 +122,9 @@ def test_a_faulthandler_dump_is_read_into_the_training_thread():
 
 
 # --- status slots and wait-for chains --------------------------------------------------------------
-def test_status_slots_are_parsed():
-    assert parse_status("step=1 recv_grad mb=0 t=1796074413.216") == {
-        "step": 1, "instruction": "recv_grad", "micro_batch": 0, "time": 1796074413.216}
-    assert parse_status("step=2 reduce_grads mb=None t=5.0")["micro_batch"] is None
-    assert parse_status("step=3 repartition: moving layers t=7.5")["instruction"] == "repartition"
-    assert parse_status("step=0 finished t=1.0")["instruction"] == "finished"
-    assert parse_status("")["instruction"] is None
+def _slot(rd: RunDir, rank: int, step: int, doing: str, mb: int | None, t: float) -> None:
+    """A status slot as the tracer leaves it, stamped at `t`."""
+    rd.status_slot(rank).write_bytes(StatusSlot.encode(SlotStatus(step=step, doing=doing, micro_batch=mb, time=t)))
 
 
 def test_who_waits_for_whom_in_a_pp_by_dp_grid():
@@ -336,11 +333,10 @@ def _failed_run(path: Path, *, error: bool, log: str) -> RunDir:
         lost = "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:48803."
         rd.write_error(0, {"rank": 0, "stage": 0, "time": 100.05, "type": "RuntimeError", "message": lost,
                            "traceback": f"RuntimeError: {lost}\n"})
-    for rank, (pid, doing) in enumerate([(12551, "step=1 recv_grad mb=0 t=99.9"),
-                                         (12552, "step=1 forward mb=0 t=100.0")]):
+    for rank, (pid, doing, t) in enumerate([(12551, "recv_grad", 99.9), (12552, "forward", 100.0)]):
         rd.write_placement(rank, {"rank": rank, "node": 0, "host": "vm", "hostname": "vm", "local_rank": rank,
                                   "pid": pid})
-        rd.status_slot(rank).write_bytes(doing.encode().ljust(128))
+        _slot(rd, rank, 1, doing, 0, t)
     rd.launcher_log().write_text(log)
     return rd
 
@@ -380,7 +376,8 @@ def test_a_death_the_job_error_could_not_name_is_read_from_the_launchers_summary
     rd.error_file(1).unlink()
     rd.write_spec({**rd.read_spec(), "fault": {"kind": "killed", "stage": 1, "step": 1, "instruction": "forward"}})
     rd.write_status(state="failed", error="rank 1 (stage 1) died while in: step=1 forward mb=0, and no Python error",
-                    started=90.0, finished=101.0, command="", notes=[])
+                    started=90.0, finished=101.0, command="", notes=[],
+                    failure=Failure(kind="died", rank=1, stage=1, died=RankEnd(rank=1, stage=1)))
     d = diagnose(tmp_path)
     assert d.primary.code == "killed" and d.primary.evidence["exit"] == "was killed by SIGKILL", d
     assert d.find("peer-lost").evidence["how"] == {0: "lost-connection"}
@@ -424,9 +421,8 @@ def _hung_run(path: Path, device: str) -> RunDir:
     rd.write_plan({"device": device, "partition": {"parts": [0, 2, 4]}})
     rd.write_status(state="timeout", error="no progress within timeout=30 s; what each rank was doing when it "
                     "was stopped:", started=70.0, finished=101.0, command="", notes=[])
-    for rank, (doing, dump) in enumerate([("step=1 recv_grad mb=0 t=80.0", DUMP), ("step=1 backward mb=0 t=79.9",
-                                                                                  _SLEEPING)]):
-        rd.status_slot(rank).write_bytes(doing.encode().ljust(128))
+    for rank, (doing, t, dump) in enumerate([("recv_grad", 80.0, DUMP), ("backward", 79.9, _SLEEPING)]):
+        _slot(rd, rank, 1, doing, 0, t)
         rd.stacks_file(rank).write_text(dump)
     return rd
 
@@ -515,8 +511,8 @@ def _timed_out_run(path: Path) -> RunDir:
                                     + error["traceback"]})
     rd.write_status(state="failed", error=f"rank 0 (stage 0) raised RuntimeError: {error['message']}", started=80.0,
                     finished=101.0, command="", notes=[])
-    for rank, doing in enumerate(["step=1 recv_grad mb=0 t=94.9", "step=1 backward mb=0 t=95.0"]):
-        rd.status_slot(rank).write_bytes(doing.encode().ljust(128))
+    for rank, (doing, t) in enumerate([("recv_grad", 94.9), ("backward", 95.0)]):
+        _slot(rd, rank, 1, doing, 0, t)
     rd.launcher_log().write_text("")
     return rd
 

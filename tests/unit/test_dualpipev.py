@@ -96,22 +96,21 @@ def test_dualpipev_activation_peak_is_2p_plus_1_chunks():
             assert all(level == 0 for level in (pts[-1][1] for pts in sim.meta["activation_memory"]))
 
 
-def test_what_if_calibration_refuses_the_v_placement_and_predicts_dualpipev_when_told_how():
+def test_what_if_calibration_reads_the_v_placement_and_predicts_dualpipev_when_told_how():
     from dataclasses import replace
 
     from utils.planning.whatif import measured_stage_costs, predict_from_timeline
 
     measured = simulate(build_schedule("1f1b", 2, 4), 0.002, 0.004)
-    with pytest.raises(ValueError, match="per virtual stage"):
+    with pytest.raises(ValueError, match="per virtual stage"):  # whole-stage costs do not say how to halve them
         predict_from_timeline(measured, schedule="dualpipev")
     predicted = predict_from_timeline(measured, schedule="dualpipev", forward=0.001, backward=0.0015,
                                       weight=0.0005)
     assert predicted.meta["schedule"] == "dualpipev" and predicted.meta["chunks"] == 2
-    v_shaped = simulate(build_schedule("dualpipev", 2, 4), 0.001, 0.0015, weight=0.0005)
+    forward, backward = [0.001, 0.002, 0.003, 0.004], [0.0015, 0.0025, 0.0035, 0.0045]
+    v_shaped = simulate(build_schedule("dualpipev", 2, 4), forward, backward, weight=0.0005)
     assert v_shaped.meta["placement"] == "v"
-    with pytest.raises(ValueError, match="loop placement only"):
-        measured_stage_costs(v_shaped)
-    with pytest.raises(ValueError, match="loop placement only"):
-        predict_from_timeline(v_shaped)
-    loop = replace(v_shaped, meta={**v_shaped.meta, "placement": "loop"})  # misread as loop: it would run
-    assert measured_stage_costs(loop).chunks == 2
+    costs = measured_stage_costs(v_shaped)  # each event's chunk placed on its virtual stage through the V
+    assert costs.forward == pytest.approx(forward) and costs.backward == pytest.approx(backward)
+    loop = replace(v_shaped, meta={**v_shaped.meta, "placement": "loop"})  # misread as loop: stages 2 and 3 swap
+    assert measured_stage_costs(loop).forward == pytest.approx([0.001, 0.002, 0.004, 0.003])

@@ -23,6 +23,7 @@ from tests.helpers import SMALL_GPT, schedule_events
 from utils import JobSpec, Run, find_run, list_runs
 from utils.analysis.report import PARTIAL
 from utils.jobs.diagnose import diagnose
+from utils.jobs.records import MemoryRecord, RankResult
 from utils.jobs.rundir import RunDir
 from utils.system.fileio import LineAppender, scan_jsonl
 from utils.system.procs import process_alive, process_created
@@ -46,9 +47,9 @@ def _record(root: Path, *, state: str = "succeeded", results: bool = True, **sta
                 events.write(json.dumps(asdict(e)) for e in step_events if e.rank == rank)
                 progress.write([json.dumps({"step": step, "loss": 3.0 - step / 10, "seconds": 0.5})])
         if results:
-            rd.write_result(rank, {"rank": rank, "stage": rank, "replica": 0, "parts": [0, 2, 4],
-                                   "peak_memory_bytes": 1, "memory_kind": "cpu_max_rss", "device": "cpu",
-                                   "record_lines": {"events": events.lines, "progress": progress.lines}})
+            rd.write_result(RankResult(rank=rank, stage=rank, parts=(0, 2, 4), device="cpu",
+                                       peak_memory=MemoryRecord(kind="cpu_max_rss", peak=1),
+                                       record_lines={"events": events.lines, "progress": progress.lines}))
     rd.write_status(state=state, error=None if state == "succeeded" else "rank 1 died", started=1.0,
                     finished=None if state == "running" else 2.0, command="", notes=[], **status)
     return rd

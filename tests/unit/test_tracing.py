@@ -3,6 +3,7 @@ it tolerates."""
 
 from types import SimpleNamespace
 
+from utils.jobs.records import SlotStatus
 from utils.runtime.tracing import HostClock, InstructionTracer
 
 
@@ -26,10 +27,10 @@ def fake_engine(calls):
 
 class Slot:
     def __init__(self):
-        self.text = ""
+        self.status = None
 
-    def write(self, text):
-        self.text = text
+    def write(self, **fields):
+        self.status = SlotStatus(**fields)
 
 
 def test_unknown_instructions_run_untraced():
@@ -40,7 +41,7 @@ def test_unknown_instructions_run_untraced():
     tracer.begin_step(0)
     engine._INSTRUCTION_MAP[ForwardPass](engine, buffer_id=1)
     engine._INSTRUCTION_MAP[CommitP2P](engine)
-    assert "CommitP2P (untraced)" in slot.text
+    assert slot.status.describe() == "step=0 CommitP2P (untraced)" and slot.status.untraced
     events = tracer.end_step()
     assert calls == [("forward", 1), ("commit",)]
     assert [(e.kind, e.micro_batch) for e in events] == [("forward", 0)]

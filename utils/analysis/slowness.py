@@ -27,6 +27,7 @@ Times in evidence are milliseconds; memory is MB.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from statistics import median
 
 from utils.analysis.diagnosis import Symptom, Where
@@ -68,15 +69,29 @@ def rank_costs(timeline: Timeline, steps: Sequence[int] | None = None) -> dict[i
     return found
 
 
+@dataclass(frozen=True)
+class FillAndDrain:
+    """What balanced stages would idle under a run's schedule: its bubble formula (text) and
+    that formula's value for the run (`utils.planning.catalogue.ScheduleInfo.bubble_ratio`,
+    which the caller reads: analysis does not import planning)."""
+
+    formula: str
+    ratio: float
+    schedule: str
+
+
 def performance_symptoms(timeline: Timeline, *, predicted_stage_costs: Sequence[float] | None = None,
                          step_memory: Mapping[int, int] | None = None,
-                         stage_layers: Sequence[Sequence[str]] | None = None) -> list[Symptom]:
+                         stage_layers: Sequence[Sequence[str]] | None = None,
+                         fill_and_drain: FillAndDrain | None = None) -> list[Symptom]:
     """Stragglers, imbalance, bubble causes, exposed communication and memory of a measured
     (or simulated) run, the worst first (see the module docstring).
 
     `stage_layers` (the layer names each stage runs, if known and fixed for the run) lets
     stages that run the same layers be each other's peers, like replicas: in a 4-stage GPT
-    the two middle stages of blocks, so one slow rank is found without replicas or a profile."""
+    the two middle stages of blocks, so one slow rank is found without replicas or a profile.
+    `fill_and_drain`: the run's schedule's own bubble formula; None: 1F1B's and GPipe's
+    ``(p-1)/(m+p-1)``."""
     if not timeline.events:
         return []
     costs = rank_costs(timeline)
@@ -85,7 +100,7 @@ def performance_symptoms(timeline: Timeline, *, predicted_stage_costs: Sequence[
     stragglers = _peer_stragglers(costs, peers) + _predicted_stragglers(costs, predicted_stage_costs, timeline)
     slow_stages = {s.where.stage for s in stragglers}
     found = stragglers + _imbalance(summary, slow_stages)
-    found += _bubble(summary)
+    found += _bubble(summary, fill_and_drain)
     if summary.comm_share is not None and summary.comm_share >= COMM_THRESHOLD:
         found.append(Symptom(
             code="communication", severity="warning",
@@ -199,9 +214,9 @@ def _imbalance(summary: Metrics | MetricsSummary, slow_stages: set[int | None]) 
              "explicit boundaries from utils.partition_layers"))]
 
 
-def _bubble(summary: Metrics | MetricsSummary) -> list[Symptom]:
+def _bubble(summary: Metrics | MetricsSummary, baseline: FillAndDrain | None) -> list[Symptom]:
     """The median step's bubble split three ways: fill and drain (what balanced stages would
-    idle: ``(p-1)/(m+p-1)``), imbalance (what the measured stage costs add to that, by
+    idle: ``(p-1)/(m+p-1)`` in 1F1B and GPipe, the schedule's own formula in `baseline`), imbalance (what the measured stage costs add to that, by
     `bubble_ratio_estimate`: every stage waits for the slowest at every micro-batch), and the
     rest (exposed communication, data loads, ranks competing for cores)."""
     per_step = summary.used if isinstance(summary, MetricsSummary) else [summary]
@@ -209,7 +224,8 @@ def _bubble(summary: Metrics | MetricsSummary) -> list[Symptom]:
     p, count = m.num_stages, m.num_micro_batches
     if p < 2 or min(m.stage_compute) <= 0:
         return []
-    fill = bubble_ratio_1f1b(p, count)
+    fill = bubble_ratio_1f1b(p, count) if baseline is None else baseline.ratio
+    formula = "(p-1)/(m+p-1)" if baseline is None else baseline.formula
     estimate = bubble_ratio_estimate([c / count for c in m.stage_compute], count)
     imbalance = max(0.0, estimate - fill)
     other = max(0.0, m.bubble_ratio - max(estimate, fill))
@@ -223,7 +239,7 @@ def _bubble(summary: Metrics | MetricsSummary) -> list[Symptom]:
             code="bubble", severity="info" if m.bubble_ratio < 0.5 else "warning",
             what=f"{head}, mostly fill and drain: balanced {p} stages × {count} micro-batches idle {fill:.0%}",
             where=Where(step=m.step), evidence=evidence,
-            cause=f"with p = {p} stages and m = {count} micro-batches every stage idles (p-1)/(m+p-1) of the step "
+            cause=f"with p = {p} stages and m = {count} micro-batches every stage idles {formula} of the step "
                   "while the pipeline fills and drains",
             fix=f"more micro-batches per step (m ≥ 4p = {4 * p}) at a smaller micro-batch size, or fewer stages")]
     if main == "imbalance":
@@ -253,12 +269,16 @@ def _memory(step_memory: Mapping[int, int], timeline: Timeline) -> Symptom:
         why = (f"GPipe runs all {timeline.num_micro_batches} forwards before any backward, so every stage holds "
                "the activations of every micro-batch at once")
         fix = "1F1B (schedule='1f1b') caps what is in flight at p - stage micro-batches; or activation checkpointing"
-    else:
+    elif schedule == "1f1b":
         why = ("in 1F1B stage s keeps the activations of up to p - s micro-batches until their backward: the first "
                f"stage holds the most (p = {p})" + ("" if top == 0 else f"; stage {top} still adds the most here, "
                                                     "so its layers' activations are larger"))
         fix = ("activation_checkpointing (activation_checkpoint_interval=1 keeps only layer inputs), a smaller "
                "micro_batch_size, or fewer layers on that stage")
+    else:
+        why = (f"{schedule} keeps some micro-batches' activations until their backward on every rank; stage "
+               f"{top} adds the most here (the simulator's activation_memory shows the schedule's own peak per rank)")
+        fix = "a smaller micro_batch_size, fewer layers on that stage, or a schedule with fewer micro-batches in flight"
     return Symptom(
         code="memory", severity="info",
         what=f"stage {top} adds the most memory per step: {step_memory[top] / 2**20:.1f} MB",

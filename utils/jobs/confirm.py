@@ -31,11 +31,12 @@ class Confirmation:
 
 
 def confirm_top(rows: Sequence[SearchRow], spec: JobSpec, *, top: int = 3, steps: int = 4) -> list[Confirmation]:
-    """Run the `top` fastest feasible configurations as real DeepSpeed jobs.
+    """Run the `top` fastest feasible configurations as real jobs.
 
     `spec` (a `utils.JobSpec`) gives everything but the micro-batch count, its size and the
-    schedule, which come from each row. Only schedules DeepSpeed's engine runs here
-    (`JOB_SCHEDULES`) can be confirmed; the others are skipped.
+    schedule, which come from each row; each schedule runs on its catalogue runtime (DeepSpeed
+    for 1F1B and GPipe, torch's pipelining for the others: `JobSpec.runtime`), so `spec` must
+    not ask the torch runtime for what only DeepSpeed does when such a row is among the `top`.
     """
     runnable = sorted((r for r in rows if r.feasible and r.schedule in JOB_SCHEDULES),
                       key=lambda r: r.step_time)[:top]

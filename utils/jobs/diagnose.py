@@ -32,19 +32,17 @@ from pathlib import Path
 
 from utils.analysis.diagnosis import Diagnosis, Symptom, Where
 from utils.analysis.report import PARTIAL
-from utils.analysis.slowness import performance_symptoms
+from utils.analysis.slowness import FillAndDrain, performance_symptoms
 from utils.jobs.errors import engine_instruction_of, explain, timed_out
 from utils.jobs.exitreport import recorded_exit_report
-from utils.jobs.rundir import StatusSlot
+from utils.jobs.failure import first_failure
+from utils.jobs.records import RankEnd, SlotStatus
 from utils.jobs.runs import Run
 from utils.jobs.stacks import ThreadStack, engine_instruction, main_stack, on_nccl, parse_stacks, stack_summary
+from utils.planning.catalogue import schedule_info
 
-__all__ = ["diagnose", "parse_status", "waits_for"]
+__all__ = ["diagnose", "waits_for"]
 
-_STATUS = re.compile(r"^step=(?P<step>-?\d+) (?P<what>[A-Za-z_]+):?(?: mb=(?P<mb>\S+))?")
-_STAMP = re.compile(r" t=(?P<t>[\d.]+)$")
-_DIED = re.compile(r"rank (?P<rank>\d+) \(stage (?P<stage>\d+)\) (?:died with exit code (?P<code>-?\d+)|"
-                   r"was killed by (?P<signal>SIG\w+)|died\b)")
 _COLLECTIVES = ("recv", "send", "all_reduce", "broadcast", "barrier", "all_gather", "reduce_scatter", "wait",
                 "broadcast_object_list", "all_gather_object")
 _COMM_WAITS = {"recv_act": -1, "send_grad": -1, "recv_grad": +1, "send_act": +1}
@@ -64,7 +62,7 @@ def diagnose(run: Run | str | Path, *, reveal_fault: bool = True) -> Diagnosis:
         raise ValueError(f"{run.name} is still running: diagnose it once it ended (or stop it)")
     if run.state == "succeeded":
         kind, headline, findings = "ok", *_succeeded(run)
-    elif run.state == "timeout" and not (run.error or "").startswith("too slow"):
+    elif run.state == "timeout" and not _too_slow(run):
         kind, headline, findings = "hung", *_hung(run)
     else:
         kind, headline, findings = "failed", *_failed(run)
@@ -81,18 +79,18 @@ def diagnose(run: Run | str | Path, *, reveal_fault: bool = True) -> Diagnosis:
 
 
 # --- status slots ----------------------------------------------------------------------------------
-def parse_status(text: str) -> dict:
-    """A status slot's text (``"step=1 recv_grad mb=0 t=1796074413.216"``) as ``step``,
-    ``instruction`` (or ``"finished"``, ``"repartition"``, ... , None when empty),
-    ``micro_batch`` and ``time``."""
-    match = _STATUS.match(text.strip())
-    stamp = _STAMP.search(text.strip())
-    if not match:
+def _status(slot: SlotStatus | None) -> dict:
+    """A status slot (`utils.jobs.records.SlotStatus`) as the ``step``, ``instruction`` (or
+    ``"finished"``, ``"repartition"`` ..., None before training), ``micro_batch`` and ``time``
+    the chains below read."""
+    if slot is None:
         return {"step": None, "instruction": None, "micro_batch": None, "time": None}
-    mb = match["mb"]
-    return {"step": int(match["step"]), "instruction": match["what"],
-            "micro_batch": int(mb) if mb and mb.lstrip("-").isdigit() else None,
-            "time": float(stamp["t"]) if stamp else None}
+    return {"step": slot.step, "instruction": slot.doing, "micro_batch": slot.micro_batch, "time": slot.time}
+
+
+def _too_slow(run: Run) -> bool:
+    """The watch ended the job by its timeout while it still made progress (`Failure` ``"too-slow"``)."""
+    return run.failure is not None and run.failure.kind == "too-slow"
 
 
 def waits_for(rank: int, instruction: str | None, *, num_stages: int, data_parallel: int,
@@ -121,28 +119,25 @@ def _failed(run: Run) -> tuple[str, list[Symptom]]:
             code=run.state, severity="info", what=f"the job did not fail: {why[run.state]}",
             evidence={"error": (run.error or "")[:240]}, cause=run.error or why[run.state],
             fix="run it again (and leave it to its end)")]
-    if (run.error or "").startswith("too slow"):
+    if _too_slow(run):
         return "too slow for its timeout", [Symptom(
             code="too-slow", severity="error", what="the job was still making progress when its timeout ended it",
             evidence={"report": run.error.splitlines()[0]}, cause=run.error.splitlines()[0],
             fix="raise JobSpec.timeout, or run fewer or cheaper steps")]
     rd = run.run_dir
     errors = [e for r in run.ranks if isinstance(e := rd.error(r), dict)]
-    explained = [(e, explain(f"{e.get('type')}: {e.get('message')}\n{e.get('traceback', '')}")) for e in errors]
-    causes = sorted(((e, x) for e, x in explained if x is None or not x.consequence), key=lambda ex: ex[0]["time"])
-    died = _DIED.search(run.error or "")
+    # The same decision the launcher's watch made, on the facts it recorded (`first_failure`).
+    died = [run.failure.died] if run.failure is not None and run.failure.died is not None else []
+    first = first_failure(errors, died)
+    explained = list(first.explained) if first is not None else []
     findings: list[Symptom] = []
-    if causes:
-        error, explanation = causes[0]
-        findings.append(_from_error(run, error, explanation, also=[e["rank"] for e, _ in causes[1:]]))
-    elif died and not any(e["rank"] == int(died["rank"]) for e in errors):
-        findings.append(_from_death(run, int(died["rank"]), died))
-    elif explained:
-        error, explanation = min(explained, key=lambda ex: ex[0]["time"])
-        findings.append(_from_error(run, error, explanation, also=[]))
+    if first is not None and first.error is not None:
+        findings.append(_from_error(run, first.error, first.explanation, also=list(first.also)))
+    elif first is not None:
+        findings.append(_from_death(run, first.died))
     else:
-        first = (run.error or "no error was recorded").splitlines()[0]
-        findings.append(Symptom(code="unknown", what=first, evidence={"error": first},
+        said = (run.error or "no error was recorded").splitlines()[0]
+        findings.append(Symptom(code="unknown", what=said, evidence={"error": said},
                                 cause="no rank left an error record, and the launcher's report names no rank",
                                 fix=f"read launcher.log and the ranks' logs in {run.path}"))
     primary = findings[0]
@@ -165,9 +160,9 @@ def _timed_out(run: Run, victim: Symptom, explained: list[tuple[dict, object]]) 
     suspects = {}
     for r in waits_for(w.rank, w.instruction, num_stages=spec.num_stages, data_parallel=spec.data_parallel,
                        in_collective=w.instruction not in _COMM_WAITS):
-        slot = StatusSlot.read(rd.status_slot(r))
-        if (status := parse_status(slot))["time"] and not rd.error_file(r).exists() and not rd.result_file(r).exists():
-            suspects[r] = {"where": _where_of(spec, r, status), "doing": _STAMP.sub("", slot.strip()),
+        slot = rd.slot(r)
+        if (status := _status(slot))["time"] and not rd.error_file(r).exists() and not rd.result_file(r).exists():
+            suspects[r] = {"where": _where_of(spec, r, status), "doing": slot.describe(),
                            "for_s": round(gave_up - status["time"], 1)}
     head, findings = timed_out(victim, suspects)
     also = _consequences(run, victim, explained, exclude=set(suspects))
@@ -211,8 +206,8 @@ def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object
                              f"{first}'s failure, without noticing it")
         else:
             continue
-        slot = StatusSlot.read(rd.status_slot(rank))
-        doing[rank] = _STAMP.sub("", slot.strip()) or "nothing recorded (still setting up)"
+        slot = rd.slot(rank)
+        doing[rank] = slot.describe() if slot is not None else "nothing recorded (still setting up)"
     if not how:
         return None
     ranks = sorted(how)
@@ -232,7 +227,7 @@ def _consequences(run: Run, primary: Symptom, explained: list[tuple[dict, object
 
 
 def _where(run: Run, rank: int, traceback_text: str = "") -> Where:
-    status = parse_status(StatusSlot.read(run.run_dir.status_slot(rank)))
+    status = _status(run.run_dir.slot(rank))
     traced = engine_instruction_of(traceback_text) if traceback_text else None
     stage = run.spec.stage_of_rank(rank)
     if traced == "setup" or (status["instruction"] is None and traced is None):
@@ -264,9 +259,10 @@ def _from_error(run: Run, error: dict, explanation, *, also: list[int]) -> Sympt
                    evidence={**evidence, "matched": explanation.matched}, cause=cause, fix=explanation.fix)
 
 
-def _from_death(run: Run, rank: int, died: re.Match) -> Symptom:
+def _from_death(run: Run, died: RankEnd) -> Symptom:
+    rank = died.rank
     where = _where(run, rank)
-    signal_name, code = died["signal"], died["code"]
+    signal_name, code = died.signal, died.exit_code
     if not signal_name and code is None:
         # The job's error was written before the launcher's summary named the exit code (its
         # agent slow to report, on a busy machine); the summary it wrote later is in its log.
@@ -274,7 +270,7 @@ def _from_death(run: Run, rank: int, died: re.Match) -> Symptom:
         if reported is not None and reported < 0:
             with contextlib.suppress(ValueError):
                 signal_name = signal.Signals(-reported).name
-        code = None if signal_name or reported is None else str(reported)
+        code = None if signal_name else reported
     how = (f"was killed by {signal_name}" if signal_name else
            f"died with exit code {code}" if code is not None else "died, with no exit code reported")
     log_tail = run.log(rank, tail=60)
@@ -309,12 +305,11 @@ def _sender(run: Run, where: Where, code: str) -> str:
 # --- hung ------------------------------------------------------------------------------------------
 def _hung(run: Run) -> tuple[str, list[Symptom]]:
     rd, spec = run.run_dir, run.spec
-    listed = re.search(r"Rank\(s\) \[([\d, ]*)\] are stopped", run.error or "")
-    stopped = {int(r) for r in re.findall(r"\d+", listed.group(1))} if listed else set()
+    stopped = set(run.failure.stopped_ranks) if run.failure is not None else set()
     ended = run.finished or 0.0
     state: dict[int, dict] = {}
     for rank in run.ranks:
-        status = parse_status(StatusSlot.read(rd.status_slot(rank)))
+        status = _status(rd.slot(rank))
         stack = main_stack(parse_stacks(rd.stacks(rank)))
         instruction = (engine_instruction(stack.frames) if stack else None) or status["instruction"]
         collective = bool(stack) and any("distributed" in f.file and f.function in _COLLECTIVES
@@ -419,11 +414,16 @@ def _in_injected_hang(stack: ThreadStack | None) -> bool:
 
 # --- succeeded ------------------------------------------------------------------------------------
 def _succeeded(run: Run) -> tuple[str, list[Symptom]]:
-    parts = run.parts if len(run.partitions) == 1 else None  # peers by layers only while the partition holds
-    names = list(run.spec.shape.layer_names) if parts else None
+    spec = run.spec
+    one_chunk = spec.model_chunks == 1  # several chunks per rank: a rank's layers are not one piece of `parts`
+    parts = run.parts if len(run.partitions) == 1 and one_chunk else None  # peers by layers while it holds
+    names = list(spec.shape.layer_names) if parts else None
+    info = schedule_info(spec.schedule)
+    baseline = FillAndDrain(formula=info.bubble, schedule=info.name, ratio=info.bubble_ratio(
+        spec.num_stages, spec.micro_batches, spec.model_chunks)) if info.bubble_ratio is not None else None
     try:
-        findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs,
-                                        step_memory=run.step_memory,
+        findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs if one_chunk
+                                        else None, step_memory=run.step_memory, fill_and_drain=baseline,
                                         stage_layers=[names[a:b] for a, b in zip(parts, parts[1:])] if parts else None)
     except ValueError:  # a record cut short may leave a step without compute: its partial-record finding says so
         if not run.partial:

@@ -16,7 +16,10 @@ MismatchKind = Literal["shape", "dtype"]
 
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 MISMATCH_KINDS: tuple[str, ...] = get_args(MismatchKind)
-FAULT_POINTS: tuple[str, ...] = (*INSTRUCTION_KINDS, "repartition")
+SPLIT_BACKWARD_POINTS: tuple[str, ...] = ("backward_input", "backward_weight")
+"""The halves of a split backward: where a fault may strike in a torch-runtime job of a schedule
+that splits it (`utils.jobs.spec_runtime`); a DeepSpeed job runs neither."""
+FAULT_POINTS: tuple[str, ...] = (*INSTRUCTION_KINDS, *SPLIT_BACKWARD_POINTS, "repartition")
 """Where a `Fault` may strike: at the start of an instruction, or inside a live re-partition."""
 
 
@@ -50,7 +53,7 @@ class Fault:
     """Pipeline stage of the rank that fails."""
     step: int = 0
     """Training step in which it fails (``"slow"``, ``"memory"``: from which it applies)."""
-    instruction: InstructionKind | Literal["repartition"] = "forward"
+    instruction: InstructionKind | Literal["backward_input", "backward_weight", "repartition"] = "forward"
     """Instruction kind at whose start it fails (see `utils.timeline.INSTRUCTION_KINDS`), or
     ``"repartition"``: in the middle of the live re-partition before `step` (after the new
     engine is built, before the layers' state has moved), which must then be a step of

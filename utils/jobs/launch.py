@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -36,10 +35,11 @@ from utils.jobs.launchers import RANK_PROGRAM, Launcher
 from utils.jobs.multinode import launcher_for
 from utils.jobs.plan import JobPlan, plan_job
 from utils.jobs.progress import ProgressLine
-from utils.jobs.rundir import RunDir, RunState, StatusSlot
+from utils.jobs.failure import FirstFailure, describe_death, describe_error, first_failure, tail
+from utils.jobs.records import Failure, RankEnd
+from utils.jobs.rundir import RunDir, RunState
 from utils.jobs.runs import Run
 from utils.jobs.spec import JobSpec
-from utils.jobs.errors import PEER_FAILURE_TEXTS
 from utils.jobs.hangs import describe_hang, process_state
 
 POLL_SECONDS = 0.2
@@ -105,6 +105,8 @@ class RunningJob:
         """When this object saw the job end (stopped, failed or finished)."""
         self.state: RunState = "running"
         self.error: str | None = None
+        self.failure: Failure | None = None
+        """How it failed or hung, as facts (`Failure`; recorded in ``status.json``)."""
         self._started_ranks: set[int] = set()
         self._status_unwritten = False
         self.restarts: list[int] = []
@@ -141,12 +143,13 @@ class RunningJob:
             elif not errors and self.launcher.returncode() == 0 and len(finished) == self.spec.world_size:
                 self._finish("succeeded", None)
             else:
-                self._finish("failed", self._describe_failure(errors))
+                self._finish("failed", *self._describe_failure(errors))
         elif time.time() - self.started > self.spec.timeout:
-            self._finish("timeout", describe_hang(self))
+            self._finish("timeout", *describe_hang(self))
         elif (frozen := self._frozen_ranks()):
-            self._finish("timeout", describe_hang(self, f"rank(s) {frozen} stopped (process state 'stopped') "
-                                                        f"for {FROZEN_AFTER:g} s or more: the job cannot go on"))
+            self._finish("timeout", *describe_hang(self, f"rank(s) {frozen} stopped (process state 'stopped') "
+                                                         f"for {FROZEN_AFTER:g} s or more: the job cannot go on",
+                                                   frozen=frozen))
         return self.state
 
     def _frozen_ranks(self) -> list[int]:
@@ -240,70 +243,76 @@ class RunningJob:
     def result(self) -> Run:
         run = Run.load(self.path)
         if self._status_unwritten:  # the record on disk is stale; this object knows better
-            run.state, run.error = self.state, self.error
+            run.state, run.error, run.failure = self.state, self.error, self.failure
         if self.state != "succeeded":
             raise JobFailed(f"job {self.path.name} {self.state}: {self.error}\n"
                             f"(run directory: {self.path})", run)
         return run
 
     # --- ending ----------------------------------------------------------------------------------
-    def _finish(self, state: RunState, error: str | None) -> None:
+    def _finish(self, state: RunState, error: str | None, failure: Failure | None = None) -> None:
         self.launcher.stop()
         _LIVE_JOBS.discard(self)
-        self.state, self.error, self.ended = state, error, time.time()
+        self.state, self.error, self.failure, self.ended = state, error, failure, time.time()
         try:
             self.run_dir.write_status(state=state, error=error, started=self.started, finished=time.time(),
-                                      command=self.command, notes=self.notes)
+                                      command=self.command, notes=self.notes, failure=failure)
         except OSError as exc:  # the record cannot say it: the error must, and the job failed
             self._status_unwritten = True
             self.state = "failed" if state == "succeeded" else state
             self.error = (f"{error or 'the job itself finished'}\n(the run directory is not writable, so its "
                           f"record could not be updated: {exc}; its status.json still says 'running')")
 
-    def _describe_failure(self, errors: list[dict]) -> str:
-        """Name the rank that failed first: the others usually fail *because* of it (their
-        peer connection closed), so their errors are reported as consequences."""
+    def _describe_failure(self, errors: list[dict]) -> tuple[str, Failure]:
+        """Name the rank that failed first (`first_failure`: the others usually fail *because*
+        of it, their peer connection closed), in words and as facts."""
+        now = time.time()
         trouble = self.launcher.node_trouble(self.run_dir)
         if trouble:  # a lost node explains its peers' errors; a missing one, why nothing ran
-            return trouble
-        causes = [e for e in errors if not _is_peer_failure(e)]
-        if causes:
-            return _describe_error(min(causes, key=lambda e: e["time"]), errors)
+            return trouble, Failure(kind="node", time=now)
+        first = first_failure(errors, self._ended_alone(errors))
+        if first is not None and first.error is not None and first.cause:
+            return describe_error(first.error, errors), self._facts("error", first, errors, now)
         if not os.access(self.path, os.W_OK):
             return (f"the run directory {self.path} is not writable, so the ranks could not record their "
-                    "steps; make it writable (or choose another folder: WORKBOOK_RUNS) and run again")
+                    "steps; make it writable (or choose another folder: WORKBOOK_RUNS) and run again"), \
+                Failure(kind="unwritable", time=now)
         code = self.launcher.returncode()
         # The launcher itself was killed: its ranks exit with it (any errors are only peers
         # losing each other, whichever rank noticed first), so name the launcher.
         if code is not None and code < 0:
             return (f"{self.launcher.name} (the launcher, pid {self.launcher.pid}) was killed by "
                     f"{signal.Signals(-code).name}; its ranks ended with it. Something outside the job "
-                    "killed it: the out-of-memory killer, a `kill`, a job scheduler")
+                    "killed it: the out-of-memory killer, a `kill`, a job scheduler"), \
+                Failure(kind="launcher", exit_code=code, time=now)
+        if first is not None and first.died is not None:
+            return (describe_death(self.run_dir, first.died, [e["rank"] for e in errors]),
+                    self._facts("died", first, errors, now))
+        if first is not None:
+            return describe_error(first.error, errors), self._facts("error", first, errors, now)
+        return (f"the launcher exited with code {code}; the end of "
+                f"{RunDir.LAUNCHER_LOG}:\n{tail(self.run_dir.file(RunDir.LAUNCHER_LOG))}"), \
+            Failure(kind="launcher", exit_code=code, time=now)
+
+    def _ended_alone(self, errors: list[dict]) -> list[RankEnd]:
+        """Ranks that ended without an error record or a result, and not because the launcher
+        stopped them (it stops the survivors with SIGTERM: consequences, not causes), the one
+        it saw fail first first."""
         report = self.launcher.exit_report(self.run_dir)
         reported = {e["rank"] for e in errors}
-        # The launcher stops the surviving ranks with SIGTERM: those are consequences, not causes.
-        vanished = [r for r in list(report.first_failed) + sorted(self._started_ranks)
-                    if r not in reported and not self.run_dir.result_file(r).exists()
-                    and not report.stopped_by_launcher(r)]
-        if vanished:
-            rank = vanished[0]
+        ended = []
+        for rank in dict.fromkeys([*report.first_failed, *sorted(self._started_ranks)]):
+            if rank in reported or self.run_dir.result_file(rank).exists() or report.stopped_by_launcher(rank):
+                continue
             code = report.exit_codes.get(rank)
-            if code is None:
-                how = "died"
-            elif code < 0:
-                how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
-            else:
-                how = f"died with exit code {code}"
-            after = f" (rank(s) {sorted(reported)} then lost their connection to it)" if reported else ""
-            doing = re.sub(r"\s*t=[\d.]+$", "", StatusSlot.read(self.run_dir.status_slot(rank)))
-            where = f" while in: {doing}" if doing else ""
-            return (f"rank {rank} (stage {self.spec.stage_of_rank(rank)}{_node_of(self.run_dir, rank)}) {how}{where}, "
-                    f"and no Python error{after}; "
-                    f"the end of its log:\n{_tail(self.run_dir.rank_log(rank))}")
-        if errors:
-            return _describe_error(min(errors, key=lambda e: e["time"]), errors)
-        return (f"the launcher exited with code {self.launcher.returncode()}; the end of "
-                f"{RunDir.LAUNCHER_LOG}:\n{_tail(self.run_dir.file(RunDir.LAUNCHER_LOG))}")
+            ended.append(RankEnd(rank=rank, stage=self.spec.stage_of_rank(rank), exit_code=code,
+                                 signal=signal.Signals(-code).name if code is not None and code < 0 else None))
+        return ended
+
+    def _facts(self, kind: str, first: FirstFailure, errors: list[dict], now: float) -> Failure:
+        return Failure(kind=kind, rank=first.rank, stage=self.spec.stage_of_rank(first.rank), died=first.died,
+                       also=tuple(sorted(e["rank"] for e in errors if e["rank"] != first.rank)), time=now)
+
 
 def start_job(spec: JobSpec, *, directory: str | Path | None = None,
               launcher: Launcher | None = None) -> RunningJob:
@@ -337,7 +346,8 @@ def start_job(spec: JobSpec, *, directory: str | Path | None = None,
 
 def run_job(spec: JobSpec | None = None, *, directory: str | Path | None = None,
             progress: bool | Callable[[list[dict]], None] = True, **fields) -> Run:
-    """Run a real DeepSpeed pipeline job to the end and return its `Run`.
+    """Run a real pipeline job to the end and return its `Run` (on DeepSpeed's engine, or on
+    torch's pipelining for the schedules DeepSpeed cannot run: `JobSpec.runtime`).
 
     ``run_job(JobSpec(num_stages=4))`` or ``run_job(num_stages=4)``. `progress`: True shows
     the job's phase and elapsed time (starting N processes, compiling, step k/N with loss and
@@ -367,34 +377,6 @@ def run_job(spec: JobSpec | None = None, *, directory: str | Path | None = None,
     finally:
         if line is not None:
             line.close()  # the end state, whatever ended it
-
-
-def _is_peer_failure(error: dict) -> bool:
-    """Errors a rank gets because a *neighbour* went away, not because of its own code."""
-    return any(text in error["message"] for text in PEER_FAILURE_TEXTS)
-
-
-def _describe_error(first: dict, errors: list[dict]) -> str:
-    tail = "\n".join(first["traceback"].strip().splitlines()[-12:])
-    others = sorted(e["rank"] for e in errors if e is not first)
-    also = f" (then rank(s) {others} failed too)" if others else ""
-    return (f"rank {first['rank']} (stage {first['stage']}) raised {first['type']}: {first['message']}{also}\n"
-            f"--- end of its traceback ---\n{tail}")
-
-
-def _node_of(run_dir: RunDir, rank: int) -> str:
-    """``", node 1 (127.0.0.2)"`` for a rank of a multi-node job that recorded its placement."""
-    placed, plan = run_dir.placement(rank), run_dir.read_plan() or {}
-    if placed is None or len(plan.get("nodes", ())) < 2:
-        return ""
-    return f", node {placed['node']} ({placed['host']})"
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def _other_jobs_running() -> list[str]:

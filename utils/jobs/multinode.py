@@ -30,7 +30,7 @@ import psutil
 from utils.jobs.hosts import Node, is_local_host
 from utils.jobs.exitreport import ExitReport, read_log, torchrun_report
 from utils.jobs.launchers import RANK_PROGRAM, SHOWN_ENVIRONMENT, TORCHRUN_MODULE, Launcher, LocalTorchrun
-from utils.jobs.rundir import NODE_HOST_ENV, RUN_TOKEN_ENV, RunDir, StatusSlot
+from utils.jobs.rundir import NODE_HOST_ENV, RUN_TOKEN_ENV, RunDir
 from utils.system import shm
 from utils.system.procs import end_process_tree
 
@@ -274,5 +274,5 @@ def _stages(plan: JobPlan, node: Node) -> list[int]:
 
 def _doing(run_dir: RunDir, node: Node) -> str:
     """What the node's first rank was executing, from its status slot."""
-    status = StatusSlot.read(run_dir.status_slot(node.ranks[0]))
-    return f" (rank {node.ranks[0]} was in: {status.rsplit(' t=', 1)[0]})" if status else ""
+    status = run_dir.slot(node.ranks[0])
+    return f" (rank {node.ranks[0]} was in: {status.describe()})" if status is not None else ""

@@ -143,7 +143,10 @@ PAGEABLE_LOADS_NOTE = (
 
 def _lint(spec: JobSpec, device: str) -> list[str]:
     """The linter's findings on the job's DeepSpeed config on `device`, as notes; its errors
-    (fp16 on a CPU among them) raise ValueError before launch unless ``spec.strict`` is False."""
+    (fp16 on a CPU among them) raise ValueError before launch unless ``spec.strict`` is False.
+    A job on torch's runtime has no DeepSpeed config: nothing to lint."""
+    if spec.resolved_runtime != "deepspeed":
+        return []
     findings = spec.lint(device=device)
     errors = [f for f in findings if f.severity == "error"]
     if errors and spec.strict:
@@ -188,7 +191,8 @@ def check_checkpoint_space(spec: JobSpec, model: Model, boundaries: tuple[int, .
 def plan_boundaries(spec: JobSpec, model: Model, profile: LayerProfile | None) -> list[int]:
     """The boundaries `spec.partition` asks for: explicit ones as given; ``"uniform"`` and
     ``"parameters"`` with DeepSpeed's algorithms on the model's parameter counts;
-    ``"profile"`` with the exact min-max balance of `profile` (required then).
+    ``"profile"`` with the exact min-max balance of `profile` (required then). A job with
+    several model chunks per rank is cut into `JobSpec.virtual_stages` pieces.
     DeepSpeed's ``type:REGEX`` is left out: the presets' layer classes make ``uniform`` and
     ``parameters`` cover what a regex would choose."""
     if not isinstance(spec.partition, str):
@@ -196,11 +200,11 @@ def plan_boundaries(spec: JobSpec, model: Model, profile: LayerProfile | None) -
     if spec.partition == "profile":
         if profile is None:
             raise ValueError("partition='profile' needs the job's layer profile")
-        return profile.balanced(spec.num_stages)
+        return profile.balanced(spec.virtual_stages)
     params = model.param_counts()
     if spec.partition == "uniform":
-        return partition_layers(params, spec.num_stages, method="uniform")
-    return partition_layers(params, spec.num_stages, method="parameters", params=params)
+        return partition_layers(params, spec.virtual_stages, method="uniform")
+    return partition_layers(params, spec.virtual_stages, method="parameters", params=params)
 
 
 def profile_for_job(spec: JobSpec, *, device: str | None = None, cache: bool = True,

@@ -19,7 +19,9 @@ One class owns every file name, so no other module spells one out. Layout of
 - ``command.txt``               the command that runs the job by hand
 - ``status.json``               state, error, start and end, notes, and while it runs the
                                 launcher's pid and start time (``launcher_created``: a pid
-                                reused by another process is not taken for the launcher)
+                                reused by another process is not taken for the launcher);
+                                for a job that failed or hung, ``failure``: the facts the
+                                watch saw (`utils.jobs.records.Failure`)
 - ``launcher.log``              what the launcher (torchrun, DeepSpeed's runner) printed;
                                 a multi-node torchrun job has one ``launcher-node{i}.log`` per
                                 node started here (that node's agent)
@@ -30,15 +32,16 @@ One class owns every file name, so no other module spells one out. Layout of
 - ``tmp/``                      the job's TMPDIR while it runs (torchrun's ``torchelastic_*``
                                 folders), removed when the launcher stops
 - per rank ``r``: ``rank{r}.log`` (everything it printed), ``status-rank{r}`` (the
-  instruction it executes now), ``events-rank{r}.jsonl`` (traced instructions),
+  instruction it executes now, `utils.jobs.records.StatusSlot`), ``events-rank{r}.jsonl`` (traced instructions),
   ``progress-rank{r}.jsonl`` (step, loss, seconds), ``layer-costs-rank{r}.jsonl`` (per-layer
   forward and backward seconds a re-balancing job measured in each step),
   ``memory-rank{r}.jsonl`` (per step: bytes in use as it started, after every traced
-  instruction, and the peak; `utils.runtime.memory`),
+  instruction, and the peak: `utils.jobs.records.MemoryRecord`, written by
+  `utils.runtime.memory`),
   ``node-rank{r}.json`` (where it ran: node index, host, local rank, pid; written at start),
-  ``result-rank{r}.json`` on success (with ``record_lines``: how many lines each of the
-  rank's JSON-lines files above holds, so that a reader tells a complete record from one cut
-  short later; `RunDir.record_problems`),
+  ``result-rank{r}.json`` on success (`utils.jobs.records.RankResult`, with ``record_lines``:
+  how many lines each of the rank's JSON-lines files above holds, so that a reader tells a
+  complete record from one cut short later; `RunDir.record_problems`),
   ``error-rank{r}.json`` on failure,
   ``stacks-rank{r}.txt`` (every thread's Python stack, written by the rank's ``faulthandler``
   each time it gets `STACK_SIGNAL`: the launcher asks for them when a job hangs)
@@ -53,7 +56,6 @@ short (fewer lines than its rank wrote, a last line cut mid-write) or a damaged 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import secrets
@@ -64,12 +66,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from utils.analysis.report import PARTIAL  # what every reader says of a run with a RecordProblem
+from utils.jobs.records import (STATUS_BYTES, Failure, MemoryRecord, RankResult, SlotStatus,  # noqa: F401 (re-exported)
+                                StatusSlot)
 from utils.system.fileio import JsonLines, read_json, read_jsonl, scan_jsonl, write_json
 from utils.system.paths import PROJECT_ROOT
 from utils.system.procs import process_alive, process_created
 
 RunState = Literal["running", "succeeded", "failed", "timeout", "stopped", "incomplete"]
-STATUS_BYTES = 128
 
 # The rest of the launcher-rank contract: what a launch hands every rank in its environment.
 LAUNCHER_PID_ENV = "WORKBOOK_LAUNCHER_PID"
@@ -237,8 +240,9 @@ class RunDir:
     def memory_file(self, rank: int) -> Path:
         return self.path / f"memory-rank{rank}.jsonl"
 
-    def memory(self, rank: int) -> list[dict]:
-        return read_jsonl(self.memory_file(rank))
+    def memory(self, rank: int) -> list[MemoryRecord]:
+        """The rank's per-step memory rows (`MemoryRecord`), damaged ones left out."""
+        return [m for row in read_jsonl(self.memory_file(rank)) if (m := MemoryRecord.from_dict(row)) is not None]
 
     def stacks_file(self, rank: int) -> Path:
         return self.path / f"stacks-rank{rank}.txt"
@@ -259,14 +263,16 @@ class RunDir:
     def progress(self, rank: int) -> list[dict]:
         return read_jsonl(self.progress_file(rank))
 
-    def result(self, rank: int) -> dict | None:
-        return read_json(self.result_file(rank))
+    def result(self, rank: int) -> RankResult | None:
+        """What the rank wrote when it finished (`RankResult`); None when it did not, or the file is
+        unreadable."""
+        return RankResult.from_dict(read_json(self.result_file(rank)))
 
     def error(self, rank: int) -> dict | None:
         return read_json(self.error_file(rank))
 
-    def write_result(self, rank: int, data: dict) -> None:
-        write_json(self.result_file(rank), data)
+    def write_result(self, result: RankResult) -> None:
+        write_json(self.result_file(result.rank), result.to_dict())
 
     def write_error(self, rank: int, data: dict) -> None:
         write_json(self.error_file(rank), data)
@@ -303,11 +309,10 @@ class RunDir:
         problems: list[RecordProblem] = []
         for rank in ranks:
             result = self.result(rank)
-            counted = result.get("record_lines") if isinstance(result, dict) else None
+            counted = result.record_lines if result is not None else {}
             for record, path in self.rank_records(rank).items():
-                expected = counted.get(record) if isinstance(counted, dict) else None
                 problems += _problems(path, scans.get(path) or scan_jsonl(path), rank=rank, record=record,
-                                      expected=expected if isinstance(expected, int) else None, finished=finished)
+                                      expected=counted.get(record), finished=finished)
         for path in self.job_records():
             problems += _problems(path, scans.get(path) or scan_jsonl(path), rank=None, record=None,
                                   expected=None, finished=finished)
@@ -396,13 +401,25 @@ class RunDir:
         status = read_json(self.file(self.STATUS), {})
         return status if isinstance(status, dict) else {}
 
-    def write_status(self, **status) -> None:
+    def write_status(self, *, failure: Failure | None = None, **status) -> None:
         """Write ``status.json``. A ``launcher_pid`` is recorded with that process's start time
         (``launcher_created``, unless given): a reader then tells the launcher from another
-        process that got its pid later (`launcher_running`)."""
+        process that got its pid later (`launcher_running`). `failure`: why the watch ended a
+        job that did not succeed, as facts (`failure` reads them back)."""
         if status.get("launcher_pid") and "launcher_created" not in status:
             status["launcher_created"] = process_created(status["launcher_pid"])
+        if failure is not None:
+            status["failure"] = failure.to_dict()
         write_json(self.file(self.STATUS), status, indent=2)
+
+    def failure(self, status: dict[str, Any] | None = None) -> Failure | None:
+        """The facts of how the job failed or hung (`Failure`), as the launcher's watch recorded
+        them in ``status.json``; None for a job that did not fail, or was recorded before them."""
+        return Failure.from_dict((self.read_status() if status is None else status).get("failure"))
+
+    def slot(self, rank: int) -> SlotStatus | None:
+        """What the rank's status slot says it is doing (`StatusSlot.read`); None before it trained."""
+        return StatusSlot.read(self.status_slot(rank))
 
     def launcher_running(self, status: dict[str, Any] | None = None) -> bool:
         """Whether the process that launched this run (``status.json``'s ``launcher_pid``) still
@@ -435,28 +452,3 @@ def _problems(path: Path, scan: JsonLines, *, rank: int | None, record: str | No
         found.append(RecordProblem(path=path, rank=rank, kind="missing", record=record, found=scan.lines,
                                    expected=expected, exists=scan.exists))
     return found
-
-
-class StatusSlot:
-    """A small memory-mapped file holding the instruction a rank is executing now.
-
-    Writing it costs a memory copy, no system call, so it is updated at every instruction;
-    the launcher reads it when a job hangs, even while the rank is blocked inside a
-    collective where no Python code runs.
-    """
-
-    def __init__(self, path: Path):
-        path.write_bytes(b" " * STATUS_BYTES)
-        self._file = open(path, "r+b")
-        self._map = mmap.mmap(self._file.fileno(), STATUS_BYTES)
-
-    def write(self, text: str) -> None:
-        data = text.encode()[:STATUS_BYTES].ljust(STATUS_BYTES)
-        self._map[:] = data
-
-    @staticmethod
-    def read(path: Path) -> str:
-        try:
-            return path.read_bytes().decode(errors="replace").strip()
-        except OSError:
-            return ""

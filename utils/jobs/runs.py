@@ -23,12 +23,15 @@ from pathlib import Path
 
 from utils.analysis.comms import CommOp, comm_ops
 from utils.analysis.report import PARTIAL
+from utils.jobs.records import Failure, MemoryRecord, RankResult
 from utils.jobs.rundir import PartitionChange, RecordProblem, RunDir, RunState, runs_dir
 from utils.jobs.spec import JobSpec
+from utils.planning.catalogue import schedule_info
 from utils.planning.microbatching import MicroBatchDecision
+from utils.planning.schedules import Schedule, build_schedule
 from utils.planning.rebalance import Decision
 from utils.system.fileio import JsonLines, scan_jsonl
-from utils.timeline import Event, Timeline
+from utils.timeline import COMPUTE_KINDS, KIND_LETTER, Event, Timeline
 
 
 @dataclass
@@ -43,6 +46,9 @@ class Run:
     started: float
     finished: float | None
     notes: tuple[str, ...] = ()
+    failure: Failure | None = None
+    """How the job failed or hung, as the launcher's watch recorded the facts (`Failure`); None
+    for a run that succeeded, or one recorded before the facts were."""
 
     @classmethod
     def load(cls, path: str | Path) -> Run:
@@ -62,7 +68,8 @@ class Run:
             state = "incomplete"
         return cls(path=run_dir.path, spec=spec, state=state, command=run_dir.command(),
                    error=status.get("error"), started=status.get("started", 0.0),
-                   finished=status.get("finished"), notes=tuple(status.get("notes", ())))
+                   finished=status.get("finished"), notes=tuple(status.get("notes", ())),
+                   failure=run_dir.failure(status))
 
     @property
     def run_dir(self) -> RunDir:
@@ -109,10 +116,17 @@ class Run:
         return scan_jsonl(path).rows
 
     @cached_property
-    def results(self) -> dict[int, dict]:
-        """Per rank: stage, layer range, peak memory, device (only ranks that finished)."""
+    def rank_results(self) -> dict[int, RankResult]:
+        """Per rank that finished, what it wrote (`RankResult`: stage, replica, layer range, peak
+        memory, device, threads ...)."""
         found = {r: self.run_dir.result(r) for r in self.ranks}
-        return {r: data for r, data in found.items() if isinstance(data, dict)}
+        return {r: result for r, result in found.items() if result is not None}
+
+    @cached_property
+    def results(self) -> dict[int, dict]:
+        """`rank_results` as plain data (`RankResult.to_dict`: ``stage``, ``replica``, ``layers``,
+        ``device``, ``threads`` ...), for a notebook that indexes it."""
+        return {r: result.to_dict() for r, result in self.rank_results.items()}
 
     @cached_property
     def timeline(self) -> Timeline:
@@ -124,12 +138,28 @@ class Run:
                         micro_batch_size=spec.micro_batch_size, data_parallel=spec.data_parallel,
                         seq_len=spec.shape.seq_len,
                         label=spec.name or self.name,
-                        meta={"schedule": spec.schedule, "parts": self.parts, "run": str(self.path),
+                        meta={"schedule": spec.schedule, "runtime": spec.resolved_runtime, "chunks": spec.model_chunks,
+                              "placement": schedule_info(spec.schedule).placement,
+                              "parts": self.parts, "run": str(self.path),
                               "partitions": [(c.step, list(c.boundaries)) for c in self.partitions],
                               **({"micro_batch_tokens": self.micro_batch_tokens} if self.micro_batch_tokens else {}),
                               **({"nodes": self.nodes} if len(set(self.nodes.values())) > 1 else {}),
                               **({"record_problems": partial} if partial else {}),
                               "device": self.device})
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        """The catalogue's schedule this run executed (`utils.planning.schedules.build_schedule`
+        at the spec's stages, micro-batches and chunks): the order its timeline follows."""
+        spec = self.spec
+        return build_schedule(spec.schedule, spec.num_stages, spec.micro_batches, chunks=spec.model_chunks)
+
+    def actions(self, rank: int, step: int) -> list[str]:
+        """What `rank` computed in `step`, in order, as action strings with the virtual stage
+        (``"2F0"``, ``"1W3"``), comparable with ``[str(a) for a in run.schedule.actions[rank]]``."""
+        schedule = self.schedule
+        return [f"{schedule.virtual_stage(e.stage, e.chunk)}{KIND_LETTER[e.kind]}{e.micro_batch}"
+                for e in self.timeline.select(step=step, rank=rank, kinds=COMPUTE_KINDS)]
 
     @cached_property
     def placement(self) -> dict[int, dict]:
@@ -177,7 +207,7 @@ class Run:
         Empty when neither the plan nor any rank recorded the boundaries."""
         initial = self.partition_record.get("parts")
         if initial is None:  # fall back on what the ranks reported they ran
-            initial = next((data.get("parts") for data in self.results.values() if data.get("parts")), None)
+            initial = next((list(res.parts) for res in self.rank_results.values() if res.parts), None)
         history = [PartitionChange(step=0, boundaries=tuple(initial), reason="plan")] if initial else []
         return history + self.run_dir.partition_changes()
 
@@ -254,7 +284,7 @@ class Run:
         """Per rank, DeepSpeed's comms-logger record as the rank saved it (cumulative times,
         `utils.analysis.comms`); empty unless the job's DeepSpeed config has a
         ``"comms_logger"`` section."""
-        return {rank: data["comms"] for rank, data in self.results.items() if "comms" in data}
+        return {rank: res.comms for rank, res in self.rank_results.items() if res.comms is not None}
 
     @property
     def comm_ops(self) -> dict[int, list[CommOp]]:
@@ -266,17 +296,24 @@ class Run:
     def peak_memory(self) -> dict[int, int]:
         """Peak memory per stage in bytes (largest over replicas); see `memory_kind`."""
         peaks: dict[int, int] = {}
-        for data in self.results.values():
-            peaks[data["stage"]] = max(peaks.get(data["stage"], 0), data["peak_memory_bytes"])
+        for res in self.rank_results.values():
+            if res.peak_memory is not None:
+                peaks[res.stage] = max(peaks.get(res.stage, 0), res.peak_memory.peak)
         return dict(sorted(peaks.items()))
 
     @cached_property
+    def memory_records(self) -> dict[int, list[MemoryRecord]]:
+        """Per rank, one `MemoryRecord` per step: bytes in use as the step started (``base``),
+        after each traced instruction (``after``, in the order of that rank's events of the
+        step) and the step's ``peak``, with the reader's ``kind`` (`utils.runtime.memory`). A
+        rank's list is empty where its device has no reader."""
+        return {rank: [m for row in self._rows(self.run_dir.memory_file(rank))
+                       if (m := MemoryRecord.from_dict(row)) is not None] for rank in self.ranks}
+
+    @property
     def memory(self) -> dict[int, list[dict]]:
-        """Per rank, one row per step: bytes in use as the step started (``base``), after each
-        traced instruction (``after``, in the order of that rank's events of the step) and the
-        step's ``peak``, with the reader's ``kind`` (`utils.runtime.memory`). A rank's list is
-        empty where its device has no reader."""
-        return {rank: self._rows(self.run_dir.memory_file(rank)) for rank in self.ranks}
+        """`memory_records` as plain data (``step``, ``kind``, ``base``, ``after``, ``peak``)."""
+        return {rank: [m.to_dict() for m in rows] for rank, rows in self.memory_records.items()}
 
     @property
     def step_memory(self) -> dict[int, int]:
@@ -286,12 +323,12 @@ class Run:
         higher middle value for an even count (with 2 such steps: the larger), of the largest
         replica. Empty when nothing was measured."""
         found: dict[int, int] = {}
-        for rank, rows in self.memory.items():
-            if not rows or rank not in self.results:
+        for rank, rows in self.memory_records.items():
+            if not rows or rank not in self.rank_results:
                 continue
             rows = rows[1:] or rows
-            added = sorted(row["peak"] - row["base"] for row in rows)
-            stage = self.results[rank]["stage"]
+            added = sorted(row.added for row in rows)
+            stage = self.rank_results[rank].stage
             found[stage] = max(found.get(stage, 0), added[len(added) // 2])
         return dict(sorted(found.items()))
 
@@ -300,24 +337,25 @@ class Run:
         and after each traced instruction of `step` (time on the run's timeline): the memory
         curve of every rank through one step, ready for `utils.plot_memory`."""
         curves = {}
-        for rank, rows in self.memory.items():
-            row = next((r for r in rows if r["step"] == step), None)
+        for rank, rows in self.memory_records.items():
+            row = next((r for r in rows if r.step == step), None)
             events = sorted((e for e in self.timeline.events if e.rank == rank and e.step == step
                              and e.kind != "repartition"), key=lambda e: e.start)
             if row is None or not events:
                 continue
-            curves[rank] = [(events[0].start, 0)] + [(e.end, used - row["base"])
-                                                     for e, used in zip(events, row["after"])]
+            curves[rank] = [(events[0].start, 0)] + [(e.end, used - row.base)
+                                                     for e, used in zip(events, row.after)]
         return curves
 
     @property
     def memory_kind(self) -> str | None:
-        """``cuda_max_memory_allocated`` on GPU, ``cpu_max_rss`` (whole process) on CPU."""
-        return next((data["memory_kind"] for data in self.results.values()), None)
+        """What `peak_memory` measured: ``cuda_max_memory_allocated`` on GPU, ``cpu_max_rss``
+        (whole process) on CPU (`utils.jobs.records.MEMORY_KINDS`)."""
+        return next((res.peak_memory.kind for res in self.rank_results.values() if res.peak_memory), None)
 
     @property
     def device(self) -> str | None:
-        return next((data["device"] for data in self.results.values()), self.plan.get("device"))
+        return next((res.device for res in self.rank_results.values() if res.device), self.plan.get("device"))
 
     def log(self, rank: int, *, tail: int | None = None) -> str:
         path = self.run_dir.rank_log(rank)

@@ -22,7 +22,8 @@ from utils.jobs.hosts import LauncherName, check_nodes
 from utils.jobs.spec_checks import (LossNormalisation, OptimizerCarry, Precision, RepartitionMode, check_batching,
                                     check_config, check_dynamic, count as _count,
                                     is_sequence as _is_sequence)
-from utils.planning.catalogue import schedules_on
+from utils.jobs.spec_runtime import RuntimeChoice, check_runtime
+from utils.planning.catalogue import SCHEDULE_NAMES, schedule_info
 from utils.planning.microbatching import Batching, MicroBatchOrder, MicroBatchPolicy
 from utils.planning.rebalance import Rebalance
 from utils.system.devices import Device
@@ -31,10 +32,9 @@ from utils.workloads.presets import model_shape
 if TYPE_CHECKING:
     from utils.jobs.configlint import Finding
 
-JOB_SCHEDULES: tuple[str, ...] = schedules_on("deepspeed")
-"""Schedules a job runs on DeepSpeed (`utils.planning.catalogue`): ``"1f1b"`` is DeepSpeed's own
-`TrainSchedule`; ``"gpipe"`` is `utils.planning.schedules.build_schedule("gpipe", ...)` lowered
-onto the engine by `utils.runtime.lowering`."""
+JOB_SCHEDULES: tuple[str, ...] = SCHEDULE_NAMES
+"""Schedules a job runs: every schedule of the catalogue (`utils.planning.catalogue`), each on the
+runtimes its record names (`JobSpec.runtime`)."""
 JobSchedule = Literal[JOB_SCHEDULES]  # type: ignore[valid-type]
 PartitionMethod = Literal["uniform", "parameters", "profile"]
 """Partition methods by name: DeepSpeed's ``uniform`` and ``parameters``, and ``profile``
@@ -45,7 +45,7 @@ PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 DEVICES: tuple[str, ...] = get_args(Device)
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """One real DeepSpeed pipeline job: model, parallelism, batch, schedule and limits."""
+    """One real pipeline job: model, parallelism, batch, schedule (and the runtime that runs it) and limits."""
 
     model: str = "gpt"
     """Model preset (see `utils.workloads.models.PRESETS`): ``"gpt"``, ``"gpt-large"``, ``"mlp"``, ``"seed-case"``."""
@@ -69,7 +69,17 @@ class JobSpec:
     (stage s runs layers b_s .. b_{s+1}-1); a list is kept as a tuple, so two specs with
     the same boundaries are equal however they were written."""
     schedule: JobSchedule = "1f1b"
-    """``"1f1b"``: DeepSpeed's TrainSchedule; ``"gpipe"``: all forwards, then all backwards."""
+    """A schedule of the catalogue (`utils.planning.catalogue`): ``"1f1b"`` (DeepSpeed's
+    TrainSchedule), ``"gpipe"`` (all forwards, then all backwards), ``"interleaved-1f1b"``,
+    ``"zb-h1"``, ``"dualpipev"``, ``"zbv"``; `runtime` says which runtime runs it."""
+    chunks: int | None = None
+    """Model chunks per rank (virtual stages = num_stages × chunks): None takes the schedule's
+    default (2 for ``interleaved-1f1b`` and the V schedules, else 1); ``interleaved-1f1b``
+    takes any count >= 2, the others only their own."""
+    runtime: RuntimeChoice = "auto"
+    """What runs the ranks: ``"deepspeed"`` (DeepSpeed's `PipelineEngine`, ``"1f1b"`` and
+    ``"gpipe"``), ``"torch"`` (``torch.distributed.pipelining``, every schedule), or ``"auto"``:
+    the schedule's first runtime in the catalogue, DeepSpeed where it can (`resolved_runtime`)."""
     steps: int = 3
     """Training steps (``train_batch`` calls)."""
     seed: int = 1234
@@ -213,6 +223,21 @@ class JobSpec:
         return self.micro_batch_size * self.micro_batches * self.data_parallel
 
     @property
+    def resolved_runtime(self) -> str:
+        """``"deepspeed"`` or ``"torch"``: `runtime`, with ``"auto"`` resolved from the catalogue."""
+        return schedule_info(self.schedule).runtimes[0] if self.runtime == "auto" else self.runtime
+
+    @property
+    def model_chunks(self) -> int:
+        """Model chunks per rank the schedule runs (`chunks`, or the catalogue's default)."""
+        return schedule_info(self.schedule).chunks_for(self.chunks)
+
+    @property
+    def virtual_stages(self) -> int:
+        """Pieces the model is cut into: num_stages × model_chunks (the partition's stage count)."""
+        return self.num_stages * self.model_chunks
+
+    @property
     def join_limit(self) -> int:
         """Whole seconds the nodes have to join: `join_timeout`, at most `timeout` (torchrun
         reads an integer)."""
@@ -246,9 +271,13 @@ class JobSpec:
         if not isinstance(self.model_options, Mapping) or not all(isinstance(k, str) for k in self.model_options):
             raise TypeError(f"model_options must be a dict of option name -> int, got {self.model_options!r}")
         n = self.shape.num_layers
-        if self.num_stages > n:
-            raise ValueError(f"num_stages={self.num_stages} but model {self.model!r} has only {n} layers: "
-                             f"every stage needs at least one layer; use num_stages <= {n} or more blocks "
+        check_runtime(self, n)  # schedule, chunks, runtime, and what the runtime cannot do
+        if self.virtual_stages > n:
+            pieces = (f"num_stages={self.num_stages}" if self.model_chunks == 1 else
+                      f"num_stages × chunks = {self.num_stages} × {self.model_chunks} = {self.virtual_stages} "
+                      "virtual stages")
+            raise ValueError(f"{pieces} but model {self.model!r} has only {n} layers: every stage needs at least "
+                             f"one layer; use num_stages <= {n // self.model_chunks} or more blocks "
                              f"(model_options={{'blocks': ...}})")
         if self.train_batch_size is not None:
             _count("train_batch_size", self.train_batch_size)
@@ -263,12 +292,10 @@ class JobSpec:
                                  "or explicit boundaries [0, b1, ..., n_layers]")
         else:
             try:
-                validation.boundaries(self.partition, n_layers=n, num_stages=self.num_stages)
+                validation.boundaries(self.partition, n_layers=n, num_stages=self.virtual_stages)
             except ValueError as exc:
-                raise ValueError(f"partition: {exc}") from None
-        if self.schedule not in JOB_SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {JOB_SCHEDULES} "
-                             "(DeepSpeed has no config key for the schedule: it is set on the engine)")
+                where = "" if self.model_chunks == 1 else f" (one piece per virtual stage: {self.virtual_stages})"
+                raise ValueError(f"partition{where}: {exc}") from None
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; choose one of {DEVICES}")
         _positive_number("lr", self.lr, "a learning rate such as 3e-3")
@@ -395,7 +422,7 @@ def _say_fixes(spec: JobSpec, fixes: list[dict[str, int | None]]) -> str:
 
 
 _COUNT_FIELDS = ("num_stages", "data_parallel", "micro_batches", "micro_batch_size", "steps")
-_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "seed", "lr_warmup_steps", "zero_stage",
+_INTEGER_FIELDS = (*_COUNT_FIELDS, "train_batch_size", "chunks", "seed", "lr_warmup_steps", "zero_stage",
                    "activation_checkpoint_interval")
 
 

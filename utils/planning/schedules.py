@@ -88,6 +88,25 @@ def parse_action(text: str, *, num_stages: int | None = None) -> Action:
     return Action(stage, _LETTER_KIND[letter], mb, chunk)
 
 
+def rank_of_stage(placement: str, num_stages: int, virtual_stage: int) -> int:
+    """The rank holding `virtual_stage` in `placement`: ``k % p`` ("loop"), or the V ("v")."""
+    if placement == "v":
+        return vshaped.v_rank(virtual_stage, num_stages)
+    return virtual_stage % num_stages
+
+
+def virtual_stage_of(placement: str, num_stages: int, rank: int, chunk: int) -> int:
+    """The virtual stage a rank's local `chunk` holds: ``chunk * p + rank`` in the loop
+    placement; in the V (`utils.planning.vshaped`) chunk 0 is stage ``rank`` and chunk 1 stage
+    ``2p - 1 - rank``. The inverse of `Schedule.rank_of` with the chunk."""
+    p = num_stages
+    if placement == "v":
+        if chunk not in (0, 1):
+            raise ValueError(f"the V placement holds two chunks per rank (0, 1), not chunk {chunk}")
+        return rank if chunk == 0 else 2 * p - 1 - rank
+    return chunk * p + rank
+
+
 @dataclass(frozen=True)
 class _Plan:
     """A validated schedule flattened to indices, for fast repeated timing."""
@@ -143,9 +162,11 @@ class Schedule:
 
     def rank_of(self, virtual_stage: int) -> int:
         """The rank holding `virtual_stage`: ``k % p`` ("loop"), or the V of DualPipeV ("v")."""
-        if self.placement == "v":
-            return vshaped.v_rank(virtual_stage, self.num_stages)
-        return virtual_stage % self.num_stages
+        return rank_of_stage(self.placement, self.num_stages, virtual_stage)
+
+    def virtual_stage(self, rank: int, chunk: int) -> int:
+        """The virtual stage of `rank`'s local `chunk` (0, 1, ...; an `Event`'s ``chunk``)."""
+        return virtual_stage_of(self.placement, self.num_stages, rank, chunk)
 
     # --- structure -------------------------------------------------------------------------
     @property

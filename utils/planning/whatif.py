@@ -24,7 +24,7 @@ from numbers import Real
 from statistics import median
 
 from utils.planning.catalogue import SCHEDULE_NAMES, schedule_info
-from utils.planning.schedules import build_schedule
+from utils.planning.schedules import build_schedule, rank_of_stage, virtual_stage_of
 from utils.planning.simulator import Costs, simulate
 from utils.analysis.intervals import replica_index, transfer_intervals
 from utils.analysis.steps import steady_steps
@@ -78,12 +78,11 @@ def measured_stage_costs(timeline: Timeline, step: int | None = None) -> StageCo
 
     With data parallelism the durations of all replicas of a stage pool together; for the
     latency, the i-th rank (in rank order) of one stage talks to the i-th rank of the next.
-    Chunks are read in the loop placement (virtual stage ``chunk * p + stage``); a timeline
-    whose ``meta["placement"]`` is ``"v"`` (DualPipeV) is refused.
+    An event's chunk is placed on its virtual stage by the timeline's ``meta["placement"]``
+    (`utils.planning.schedules.virtual_stage_of`: the loop, or the V of DualPipeV and ZB-V;
+    the loop when the timeline does not say).
     """
-    if timeline.meta.get("placement", "loop") != "loop":
-        raise ValueError(f"the timeline places its chunks {timeline.meta['placement']!r} (DualPipeV's V); "
-                         "calibration reads chunks in the loop placement only")
+    placement = timeline.meta.get("placement", "loop")
     steps = _pick_steps(timeline, step)
     if not steps:
         raise ValueError("the timeline has no events to calibrate from")
@@ -98,7 +97,7 @@ def measured_stage_costs(timeline: Timeline, step: int | None = None) -> StageCo
     durations: dict[tuple[str, int], list[float]] = {}
     for e in events:
         start, end = transfer.get(id(e), (e.start, e.end))
-        durations.setdefault((e.kind, e.chunk * p + e.stage), []).append(end - start)
+        durations.setdefault((e.kind, virtual_stage_of(placement, p, e.stage, e.chunk)), []).append(end - start)
 
     def medians(kind: str, *, busy_with: tuple[str, ...] = ()) -> tuple[float, ...]:
         """Median duration of `kind` per virtual stage, plus the median of each instruction
@@ -117,10 +116,10 @@ def measured_stage_costs(timeline: Timeline, step: int | None = None) -> StageCo
     return StageCosts(p, medians("forward", busy_with=("load", "send_act")),
                       medians(bwd_kind, busy_with=("send_grad",)),
                       medians("backward_weight") if split else None,
-                      _latency(events, p, vs, bwd_kind), p2p)
+                      _latency(events, p, vs, bwd_kind, placement), p2p)
 
 
-def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
+def _latency(events, p: int, vs: int, bwd_kind: str, placement: str) -> float:
     """Median gap producer end -> consumer start across ranks, preferring waiting consumers."""
     replica = replica_index(events)
     compute, previous_end = {}, {}
@@ -133,7 +132,7 @@ def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
     for row in by_rank.values():
         last = None
         for e in sorted(row, key=lambda e: e.start):
-            key = (e.step, replica[(e.stage, e.rank)], e.kind, e.chunk * p + e.stage,
+            key = (e.step, replica[(e.stage, e.rank)], e.kind, virtual_stage_of(placement, p, e.stage, e.chunk),
                    e.micro_batch)
             # A producer's output leaves when its send ends: calibrated costs include the send.
             send_kind = "send_act" if e.kind == "forward" else "send_grad"
@@ -143,7 +142,7 @@ def _latency(events, p: int, vs: int, bwd_kind: str) -> float:
     waiting, all_gaps = [], []
     for (step, rep, kind, k, mb), consumer in compute.items():
         source = k - 1 if kind == "forward" else k + 1
-        if kind == "backward_weight" or not 0 <= source < vs or source % p == k % p:
+        if kind == "backward_weight" or not 0 <= source < vs or rank_of_stage(placement, p, source) == rank_of_stage(placement, p, k):
             continue
         producer = compute.get((step, rep, kind, source, mb))
         if producer is None:

@@ -42,7 +42,7 @@ class Freezer:
         count = state.spec.freeze_at.get(step)
         if count is not None:
             state.frozen.freeze(state.engine, count)
-            state.status(f"step={step} freezing layers 0..{count - 1}")
+            state.status("freezing", step=step, detail=f"layers 0..{count - 1}")
 
     def after_step(self, state, step, loss, seconds) -> None:
         pass
@@ -254,12 +254,12 @@ class Repartitioner:
     # --- moving -------------------------------------------------------------------------------
     def _move(self, state, step: int, target: tuple[int, ...], reason: str) -> None:
         started = time.perf_counter()
-        state.status(f"step={step} repartition {list(state.boundaries)} -> {list(target)}")
+        state.status("repartition", step=step, detail=f"{list(state.boundaries)} -> {list(target)}")
         engine = repartition_live(
             state.engine, old=state.boundaries, new=target, build=state.build_engine,
             carry_optimizer=state.spec.repartition_optimizer == "remap",
             between=lambda: state.fault_point(step, "repartition"),
-            phase=lambda name: state.status(f"step={step} repartition: {name}"))
+            phase=lambda name: state.status("repartition", step=step, detail=name))
         state.adopt(engine, target)
         state.sync_device()
         ended = time.perf_counter()

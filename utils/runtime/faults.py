@@ -111,7 +111,7 @@ class FaultInjector:
         for cls, fn in mapping.items():
             name = KIND_OF_INSTRUCTION.get(cls.__name__)
             if kind == "slow" and name in SLOWED:
-                mapping[cls] = self._slowed(fn)
+                mapping[cls] = self.slowed(fn)
             elif kind == "mismatch" and name == ("send_act" if self.fault.instruction == "forward" else "send_grad"):
                 mapping[cls] = self._mismatched(fn, name)
             elif kind == "memory":
@@ -120,19 +120,22 @@ class FaultInjector:
                 mapping[cls] = self._exhausting(fn)
         engine._INSTRUCTION_MAP = mapping
 
-    def _slowed(self, fn):
+    def slowed(self, fn):
+        """`fn` (an instruction, or a torch stage's compute call) stretched `factor` times from
+        the fault's step on: it sleeps ``factor - 1`` times its own duration right after it ran."""
         injector, factor = self, self.fault.slowdown
 
-        def slowed(engine, **kwargs):
+        def slowed(*args, **kwargs):
             if injector.step < injector.fault.step:
-                return fn(engine, **kwargs)
+                return fn(*args, **kwargs)
             started = time.perf_counter()
-            fn(engine, **kwargs)
+            out = fn(*args, **kwargs)
             if injector.device == "cuda":
                 import torch
 
                 torch.cuda.synchronize()
             time.sleep((factor - 1.0) * (time.perf_counter() - started))
+            return out
 
         return slowed
 

@@ -19,13 +19,16 @@ a transient inside one instruction (a backward's temporaries) is not in it.
 Readers: on CUDA ``torch.cuda.memory_allocated``; on CPU glibc's ``mallinfo2`` (bytes handed
 out by malloc, which serves torch's CPU tensors: exact, unlike the process's RSS, which keeps
 freed pages and counts the Python and library code). Where neither exists (macOS, musl), the
-meter records nothing and says so.
+meter records nothing and says so. Its kinds (``self.kind``) are among `MEMORY_KINDS`
+(`utils.jobs.records`), the one vocabulary of a run's memory figures.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+
+from utils.jobs.records import MemoryRecord
 
 
 class _MallInfo2(ctypes.Structure):
@@ -82,10 +85,11 @@ class MemoryMeter:
             self._after.append(self._read())
 
     def end_step(self, step: int) -> dict | None:
-        """This step's record (``step, base, peak, after, kind``), or None without a reader."""
+        """This step's record (`MemoryRecord.to_dict`: ``step, kind, base, peak, after``), or
+        None without a reader."""
         if self._read is None:
             return None
         peak = max([self._base, *self._after])
         if self._torch is not None:
             peak = max(peak, self._torch.cuda.max_memory_allocated())
-        return {"step": step, "kind": self.kind, "base": self._base, "peak": peak, "after": self._after}
+        return MemoryRecord(kind=self.kind, peak=peak, step=step, base=self._base, after=tuple(self._after)).to_dict()

@@ -30,8 +30,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir, StatusSlot
+from utils.jobs.records import MemoryRecord, RankResult
+from utils.jobs.rundir import RUN_TOKEN_ENV, RunDir
 from utils.jobs.spec import JobSpec
+from utils.runtime.assembly import _varies, build_engine, build_module, trace  # noqa: F401 - build_module: chapters read it here
 from utils.runtime.faults import lift_memory_cap
 from utils.runtime.lifecycle import (RankExit, dump_stacks_on_signal, exit_with_parent, own_rank, record_placement,
                                      redirect_output)
@@ -77,13 +79,10 @@ class RankState:
 
     def build_engine(self, boundaries: Sequence[int]):
         """A new engine for this rank at `boundaries`, with the schedule, the freezing and the
-        layer-cost meter installed (the tracer comes with `adopt`)."""
-        engine = build_engine(self.spec, self.model, boundaries, self.device)
-        if self.frozen is not None:
-            self.frozen.install(engine, boundaries)
-        if self.meter is not None:
-            self.meter.install(engine)
-        return engine
+        layer-cost meter installed (the fault and the tracer come with `adopt`; the order is
+        `utils.runtime.assembly.WRAP_ORDER`)."""
+        return build_engine(self.spec, self.model, boundaries, self.device, frozen=self.frozen, meter=self.meter,
+                            rank=self.rank)
 
     def adopt(self, engine, boundaries: Sequence[int]) -> None:
         """Train on `engine` (built at `boundaries`) from now on, traced from the same origin."""
@@ -93,10 +92,11 @@ class RankState:
                             after=self.memory.sample if self.memory is not None else None)
         self.tracer.set_origin(origin)
 
-    def status(self, text: str) -> None:
-        """What this rank does now, in its status slot (read when a job hangs or fails)."""
+    def status(self, doing: str, *, step: int | None, detail: str = "") -> None:
+        """What this rank does now (a phase between instructions: ``"repartition"``, ``"restart"``
+        ...), in its status slot (`StatusSlot`: read when a job hangs or fails)."""
         if self.tracer is not None and self.tracer.status is not None:
-            self.tracer.status.write(f"{text} t={time.time():.3f}")
+            self.tracer.status.write(step=step, doing=doing, detail=detail)
 
     def fault_point(self, step: int, point: str) -> None:
         """Inject `spec.fault` here if it names this point (`utils.runtime.faults`)."""
@@ -133,75 +133,6 @@ class StepHook(Protocol):
     def before_step(self, state: RankState, step: int) -> None: ...
 
     def after_step(self, state: RankState, step: int, loss: float, seconds: float) -> None: ...
-
-
-def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
-    """The `PipelineModule` for `spec`, split at `boundaries`.
-
-    DeepSpeed partitions inside ``PipelineModule.__init__`` through ``_partition_layers``:
-    the one documented place to impose boundaries instead of computing them (DESIGN.md).
-    """
-    from deepspeed.pipe import PipelineModule
-    from deepspeed.runtime.activation_checkpointing.checkpointing import non_reentrant_checkpoint
-
-    from utils.workloads.models import seed_layer
-
-    class FixedPartitionModule(PipelineModule):
-        def _partition_layers(self, method="uniform"):
-            self.parts = list(boundaries)
-            stage = self._topo.get_coord(self.global_rank).pipe
-            self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
-
-    return FixedPartitionModule(layers=model.layer_specs(), num_stages=spec.num_stages,
-                                loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed,
-                                seed_fn=seed_layer, dynamic_shape=_varies(spec),
-                                activation_checkpoint_interval=spec.activation_checkpoint_interval,
-                                # DeepSpeed's default (re-entrant) checkpoint gives stage 0 outputs without a
-                                # grad_fn (token ids need no gradient; PipelineModule exempts only its own GPT
-                                # classes, _is_checkpointable): the non-re-entrant one handles that input.
-                                activation_checkpoint_func=non_reentrant_checkpoint)
-
-
-def connect(device: str, spec: JobSpec) -> None:
-    """Join the job's process group, with the spec's timeout (once per process; `utils.runtime.pgjoin`)."""
-    from utils.runtime.pgjoin import join_process_group
-
-    join_process_group(device, spec)
-
-
-def build_engine(spec: JobSpec, model, boundaries: Sequence[int], device: str):
-    """The module and its DeepSpeed engine, with the spec's schedule installed.
-
-    The distributed process group is initialised once per process; building a second engine
-    (a re-partition) reuses it.
-    """
-    import deepspeed
-
-    from utils.jobs.config import deepspeed_config
-    from utils.runtime.lowering import install_schedule
-
-    connect(device, spec)
-    module = build_module(spec, model, boundaries)
-    engine, _, _, _ = deepspeed.initialize(
-        model=module, model_parameters=[p for p in module.parameters() if p.requires_grad],
-        config=deepspeed_config(spec))
-    if spec.schedule != "1f1b":  # "1f1b" is DeepSpeed's own TrainSchedule
-        install_schedule(engine, spec.schedule)
-    return engine
-
-
-def trace(engine, spec: JobSpec, run_dir: RunDir, rank: int, device: str, *, after=None):
-    """Install the tracer on `engine`. Always after `build_engine`: the tracer wraps the
-    instruction map it finds, including the schedule's loss stash."""
-    from utils.runtime.faults import fault_injector
-    from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
-
-    injector = fault_injector(spec, engine.stage_id, engine.grid.data_parallel_id, device)
-    if injector is not None:  # under the tracer: a slowed forward is timed as one longer forward
-        injector.install(engine)
-    return InstructionTracer(engine, stage=engine.stage_id, rank=rank, status=StatusSlot(run_dir.status_slot(rank)),
-                             clock=CudaClock() if device == "cuda" else HostClock(),
-                             before=injector.before if injector is not None else None, after=after)
 
 
 def use_device(device: str) -> None:
@@ -272,11 +203,6 @@ def setup(run_dir: RunDir, rank: int) -> tuple[RankState, list[StepHook]]:
     return state, hooks
 
 
-def _varies(spec: JobSpec) -> bool:
-    """Whether micro-batches change shape between steps (variable lengths, a new count)."""
-    return spec.batching != "fixed" or bool(spec.micro_batches_at) or spec.micro_batch_policy is not None
-
-
 def train(state: RankState, hooks: Sequence[StepHook] = ()) -> None:
     """Run every step, appending events and progress to the run directory after each."""
     import json
@@ -324,12 +250,12 @@ def report(state: RankState) -> None:
     fingerprints = {str(i): [sum(float(p.detach().double().sum()) for p in layer.parameters()),
                              sum(float(p.detach().double().square().sum()) for p in layer.parameters())]
                     for i, layer in local_layers(state.engine).items()}
-    state.run_dir.write_result(state.rank, {
-        "rank": state.rank, "stage": state.stage, "replica": state.replica, "parts": parts,
-        "layers": [parts[state.stage], parts[state.stage + 1]], "peak_memory_bytes": peak,
-        "memory_kind": memory_kind, "device": state.device, "threads": torch.get_num_threads(),
-        "layer_fingerprints": fingerprints, "record_lines": state.record_lines,
-        **({"comms": comms} if (comms := raw_record()) is not None else {})})  # DeepSpeed's comms logger, if on
+    state.run_dir.write_result(RankResult(
+        rank=state.rank, stage=state.stage, replica=state.replica, parts=tuple(parts),
+        layers=(parts[state.stage], parts[state.stage + 1]), peak_memory=MemoryRecord(kind=memory_kind, peak=peak),
+        chunk_layers=tuple(map(tuple, state.engine.chunk_layers())) if state.spec.model_chunks > 1 else (),
+        device=state.device, threads=torch.get_num_threads(), layer_fingerprints=fingerprints,
+        record_lines=dict(state.record_lines), comms=raw_record()))  # DeepSpeed's comms logger, if on
 
 
 def _common_origin() -> tuple[float, float]:

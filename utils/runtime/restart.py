@@ -78,7 +78,7 @@ def request_restart(state, step: int, target: Sequence[int]) -> None:
             raise _disk_error(exc, Path(run_dir.checkpoints), _tag(step),
                               failed=Path(run_dir.file(run_dir.RESTART))) from None
         run_dir.record_partition_change(PartitionChange(step=step, boundaries=tuple(target), reason="repartition_at"))
-    state.status(f"step={step} restart: exiting for the relaunch")
+    state.status("restart", step=step, detail="exiting for the relaunch")
     raise RankExit(f"restart before step {step}")
 
 
@@ -89,9 +89,9 @@ def save_checkpoint(state, step: int) -> int:
     `CheckpointDiskError` for a folder that is full or not writable, and leaves no file of the
     checkpoint behind when the save fails."""
     folder, tag = Path(state.run_dir.checkpoints), _tag(step)
-    state.status(f"step={step} restart: checking the checkpoint folder")
+    state.status("restart", step=step, detail="checking the checkpoint folder")
     estimate = check_folder(state, folder, tag)
-    state.status(f"step={step} restart: saving the checkpoint")
+    state.status("restart", step=step, detail="saving the checkpoint")
     try:
         with _no_recreation(state.engine, folder / tag):
             state.engine.save_checkpoint(str(folder), tag=tag)
@@ -101,7 +101,7 @@ def save_checkpoint(state, step: int) -> int:
             # Another rank's save failed and removed the checkpoint (this rank then lost it, or
             # its files): that rank's error says why, this one ends without adding a second.
             remove_partial(folder, tag)
-            state.status(f"step={step} restart: not saved, another rank's save failed")
+            state.status("restart", step=step, detail="not saved, another rank's save failed")
             raise RankExit(f"the checkpoint before step {step} was removed after another rank's save failed") from None
         if write_problem(exc) is None:  # not the disk (Ctrl-C, a bug): as it was
             remove_partial(folder, tag)
@@ -161,7 +161,7 @@ def check_folder(state, folder: Path, tag: str) -> int:
     if any(failed):
         remove_partial(folder, tag)
         ranks = [r for r, f in enumerate(failed) if f]
-        state.status(f"restart {tag}: not saved, rank(s) {ranks} cannot write {folder}")
+        state.status("restart", step=None, detail=f"{tag} not saved, rank(s) {ranks} cannot write {folder}")
         raise RankExit(f"the checkpoint folder failed its check on rank(s) {ranks}")
     free = _agree(state, [free_bytes(folder)], dist.ReduceOp.MIN)[0]  # one verdict on every rank
     needed = int(total * SPACE_MARGIN) + SPACE_SLACK * world
@@ -281,14 +281,14 @@ def resume(state, record: dict) -> int:
     """Load the checkpoint of `record` into this rank's new engine and return the step to
     continue from; queues the restart's "repartition" event for that step."""
     engine, run_dir = state.engine, state.run_dir
-    state.status(f"step={record['step']} restart: loading the checkpoint")
+    state.status("restart", step=record["step"], detail="loading the checkpoint")
     # DeepSpeed's loader is asked for the optimizer state only to show its pitfall ("deepspeed").
     deepspeed_loader = state.spec.repartition_optimizer == "deepspeed"
     load_path, _ = engine.load_checkpoint(str(run_dir.checkpoints), tag=record["tag"],
                                           load_optimizer_states=deepspeed_loader, load_lr_scheduler_states=True)
     if load_path is None:
         raise RuntimeError(f"no checkpoint {record['tag']} in {run_dir.checkpoints} to resume from")
-    state.status(f"step={record['step']} restart: checkpoint loaded")
+    state.status("restart", step=record["step"], detail="checkpoint loaded")
     if state.spec.repartition_optimizer == "remap":
         remap_optimizer(engine, state.model, run_dir.checkpoints / record["tag"], old=record["old"],
                         new=record["new"])

@@ -120,7 +120,7 @@ class InstructionTracer:
                 micro_batch = tracer._counts.get(kind, 0)
                 tracer._counts[kind] = micro_batch + 1
             if tracer.status is not None:
-                tracer.status.write(f"step={tracer.step} {kind} mb={micro_batch} t={time.time():.3f}")
+                tracer.status.write(step=tracer.step, doing=kind, micro_batch=micro_batch)
             if tracer.before is not None:
                 tracer.before(tracer.step, kind, micro_batch)
             start = tracer.clock.mark()
@@ -136,7 +136,7 @@ class InstructionTracer:
 
         def untraced(engine, **kwargs):
             if tracer.status is not None:
-                tracer.status.write(f"step={tracer.step} {name} (untraced) t={time.time():.3f}")
+                tracer.status.write(step=tracer.step, doing=name, untraced=True)
             fn(engine, **kwargs)
 
         return untraced
@@ -156,5 +156,5 @@ class InstructionTracer:
                   for i, (kind, mb, _, _) in enumerate(self._pending)]
         self._pending.clear()
         if self.status is not None:
-            self.status.write(f"step={self.step} finished t={time.time():.3f}")
+            self.status.write(step=self.step, doing="finished")
         return events

@@ -220,13 +220,13 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     # --- DeepSpeed's pipeline module ------------------------------------------------------------
     PrivateApi(_PIPE_MODULE, "PipelineModule._partition_layers", DEEPSPEED,
                "the rank program overrides it to impose the plan's boundaries; without it DeepSpeed "
-               "partitions by its own method and the plan's partition is ignored", ("utils.runtime.rank",)),
+               "partitions by its own method and the plan's partition is ignored", ("utils.runtime.assembly",)),
     PrivateApi(_PIPE_MODULE, "PipelineModule._set_bounds", DEEPSPEED,
                "the override cannot set this stage's layers: every job fails building its module",
-               ("utils.runtime.rank",)),
+               ("utils.runtime.assembly",)),
     PrivateApi(_PIPE_MODULE, "PipelineModule._topo", DEEPSPEED,
                "the override cannot find this rank's stage: every job fails building its module",
-               ("utils.runtime.rank",), instance=True),
+               ("utils.runtime.assembly",), instance=True),
     PrivateApi(_PIPE_MODULE, "PipelineModule._recursive_getattr", DEEPSPEED,
                "a tied weight named by a missing attribute is no longer explained (the error pattern "
                "matches this name in the traceback)", ("utils.jobs.errors",), required=False),

@@ -84,7 +84,7 @@ class RunResults:
         dynamic = is_dynamic(run.spec)
         moved = dynamic and len(run.partition_history) > 1
         title = text("result.title", self.lang, name=html.escape(run.name), stages=run.spec.num_stages,
-                     mbs=run.spec.micro_batches, schedule=html.escape(run.spec.schedule), parts=run.parts,
+                     mbs=run.spec.micro_batches, schedule=html.escape(schedule_label(run.spec)), parts=run.parts,
                      loss=loss)
         if moved:
             title += html.escape(text("result.history", self.lang, history=history_text(run)))
@@ -114,7 +114,7 @@ class RunResults:
         s = run.spec
         part = s.partition if isinstance(s.partition, str) else ",".join(map(str, s.partition))
         label = text("history.label", self.lang, i=index + 1, model=s.model, stages=s.num_stages,
-                     mbs=s.micro_batches, schedule=s.schedule, part=part)
+                     mbs=s.micro_batches, schedule=schedule_label(s), part=part)
         try:
             m = run.timeline.metrics()
         except ValueError:
@@ -152,3 +152,9 @@ class RunResults:
         fig = compare_timelines(runs[0].timeline, runs[1].timeline, labels=labels, lang=self.lang)
         figure_output(fig, self.compare_output)
         return fig
+
+
+def schedule_label(spec) -> str:
+    """A spec's schedule as the panel shows it: the name, with ``@torch`` when torch's
+    pipelining runs it (so a DeepSpeed and a torch 1F1B are told apart in the history)."""
+    return spec.schedule if spec.resolved_runtime == "deepspeed" else f"{spec.schedule}@torch"

@@ -4,7 +4,7 @@ computed (its losses match the pipeline's to float32 rounding)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -14,13 +14,21 @@ if TYPE_CHECKING:  # a type only: workloads sit below jobs and never import them
     from utils.jobs.spec import JobSpec
 
 
-def train_sequential(spec: JobSpec) -> list[float]:
+def train_sequential(spec: JobSpec, *, clip: Literal["global"] | int | None = None) -> list[float]:
     """Train `spec`'s model for `spec.steps` steps without a pipeline; the loss per step.
 
-    Mirrors the DeepSpeed job exactly: layers seeded as ``seed_layers=True`` seeds them,
-    micro-batches from the same generator, gradients accumulated over micro-batches with
-    the loss divided by their number (DeepSpeed's ``scale_wrt_gas``), then torch's AdamW with
-    its defaults (what DeepSpeed's ``Adam`` + ``torch_adam: true`` builds).
+    Mirrors a pipeline job: layers seeded as ``seed_layers=True`` seeds them, micro-batches
+    from the same generator, gradients accumulated over micro-batches with the loss divided by
+    their number (DeepSpeed's ``scale_wrt_gas``), then torch's AdamW with its defaults (what
+    DeepSpeed's ``Adam`` + ``torch_adam: true`` builds).
+
+    `clip` is the gradient clipping, to max norm 1.0 (DeepSpeed's default ``gradient_clipping``),
+    with DeepSpeed's formula ``min(1, 1 / (norm + 1e-6))``: None clips nothing; ``"global"``
+    takes the norm of the whole model's gradient (the torch runtime, `utils.runtime.torchrank`);
+    an integer k takes the norm of the first k layers' gradients only and scales every
+    gradient by it — what DeepSpeed 0.19.8's pipeline engine does, k being its first stage's
+    layer count (``clip_grad_norm_`` counts only the parameters of model-parallel rank 0).
+    While no step's norm exceeds 1.0, the three agree.
     """
     spec.check()
     if spec.data_parallel != 1:
@@ -38,6 +46,12 @@ def train_sequential(spec: JobSpec) -> list[float]:
             loss = model.loss_fn(net(inputs), labels)
             (loss / spec.micro_batches).backward()
             total += loss.item()
+        if clip is not None:
+            counted = net if clip == "global" else net[:clip]
+            norm = torch.stack([p.grad.float().norm() for p in counted.parameters()]).pow(2).sum().sqrt()
+            coefficient = min(1.0, float(1.0 / (norm + 1e-6)))
+            for p in net.parameters():
+                p.grad.mul_(coefficient)
         optimizer.step()
         losses.append(total / spec.micro_batches)
     return losses
