@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 _API: dict[str, tuple[str, ...]] = {
-    # 1. Describe and run a real DeepSpeed pipeline job, and read its record.
+    # 1. Describe and run a real pipeline job (a preset or your own model), and read its record.
     "utils.jobs.spec": ("JobSpec",),
     "utils.jobs.fault": ("Fault",),
     "utils.jobs.plan": ("JobPlan", "plan_job", "profile_for_job"),
@@ -22,6 +22,7 @@ _API: dict[str, tuple[str, ...]] = {
     "utils.jobs.runs": ("Run", "find_run", "list_runs"),
     "utils.jobs.rundir": ("runs_dir",),
     "utils.workloads.models": ("get_model", "PRESETS"),
+    "utils.workloads.custom": ("ModelDef",),
     "utils.workloads.reference": ("train_sequential",),
     # 2. The one data model, and what is measured on it.
     "utils.timeline": ("Event", "Timeline"),

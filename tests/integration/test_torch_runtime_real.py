@@ -117,3 +117,19 @@ def test_a_fault_in_a_torch_job_is_diagnosed_like_a_deepspeed_one(runs_root):
     assert d.kind == "failed" and d.primary.code == "injected-fault", d
     where = d.primary.where
     assert (where.rank, where.stage, where.instruction, where.step, where.micro_batch) == (1, 1, "backward_input", 1, 0)
+
+
+def test_the_run_panel_lists_every_schedule_and_runs_a_torch_one(runs_root):
+    from utils.ui.widgets import RunPanel
+
+    panel = RunPanel(JobSpec(**BASE, schedule="1f1b"))
+    assert list(panel.schedule.options) == list(SCHEDULE_NAMES)  # the menu is the catalogue
+    panel.schedule.value = "zbv"
+    panel.run_button.click()
+    assert panel.wait(300) == "succeeded", panel.error
+    run = panel.history[0]
+    assert run.spec.schedule == "zbv" and run.spec.resolved_runtime == "torch" and job_processes(run.path) == []
+    assert "zbv@torch" in panel.history_label(0) and "zbv@torch" in panel.result_title.value
+    bars = [t for t in panel.figure.data if t.type == "bar"]
+    assert {t.name for t in bars} >= {"forward", "backward_input", "backward_weight"}
+    assert "bubble_ratio" in panel.metrics.value and "diagnosis" in panel.diagnosis.value

@@ -75,6 +75,18 @@ OLDER_NAMES = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
 (``FlightRecorder.hpp``: ``{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}``)."""
 
 
+def model_root(plan: JobPlan) -> str | None:
+    """The folder a learner's model module (``JobSpec(model="pkg.mod:fn")``) is imported from,
+    for the ranks' ``PYTHONPATH``: they import it in their own processes. None for a preset."""
+    from utils.workloads.presets import is_import_path
+
+    if not is_import_path(plan.spec.model):
+        return None
+    from utils.workloads.custom import import_root
+
+    return import_root(plan.spec.model)
+
+
 def nccl_debug_environment(run_dir: RunDir, environ: Mapping[str, str]) -> dict[str, str]:
     """The flight-recorder variables to add to an NCCL job's `environ` (`NCCL_FLIGHT_RECORDER`, and
     the dumps' file prefix in the run directory: torch appends the rank), each unless `environ`
@@ -193,7 +205,7 @@ class LocalTorchrun(Launcher):
 
     def environment(self, plan: JobPlan) -> dict[str, str]:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), model_root(plan), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         env["DS_ACCELERATOR"] = plan.device
         # DeepSpeed JIT-builds a comm op per torch install, in one folder per environment ...
@@ -232,6 +244,8 @@ class LocalTorchrun(Launcher):
         directory instead, removed by `stop`)."""
         env = self.environment(plan)
         shown = [f"{k}={env[k]}" for k in SHOWN_ENVIRONMENT if k in env]
+        if (root := model_root(plan)) is not None:  # the ranks import the learner's model from there
+            shown.append(f"PYTHONPATH={root}")
         shown += [f"{k}={v}" for k, v in (extra or {}).items()]
         path = f'PATH={shlex.quote(INTERPRETER_BIN)}:"$PATH"'  # the shell expands $PATH: not quoted
         if TORCHRUN_MODULE not in argv:

@@ -48,9 +48,13 @@ class JobSpec:
     """One real pipeline job: model, parallelism, batch, schedule (and the runtime that runs it) and limits."""
 
     model: str = "gpt"
-    """Model preset (see `utils.workloads.models.PRESETS`): ``"gpt"``, ``"gpt-large"``, ``"mlp"``, ``"seed-case"``."""
-    model_options: Mapping[str, int] = field(default_factory=dict)
-    """Overrides of the preset's sizes, e.g. ``{"blocks": 10, "vocab": 16384}``."""
+    """Model preset (see `utils.workloads.models.PRESETS`): ``"gpt"``, ``"gpt-large"``, ``"mlp"``,
+    ``"seed-case"``; or your own model as an import path ``"package.module:function"``: the
+    function takes `model_options` as keyword arguments and returns a `utils.ModelDef` (layers,
+    loss, data; `utils.workloads.custom`)."""
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides of the preset's sizes, e.g. ``{"blocks": 10, "vocab": 16384}``; for your own
+    model, the keyword arguments of its function (JSON values: they are saved with the run)."""
     num_stages: int = 2
     """Pipeline stages (PipelineModule ``num_stages``)."""
     data_parallel: int = 1
@@ -267,9 +271,10 @@ class JobSpec:
         for name in _COUNT_FIELDS:
             _count(name, getattr(self, name))
         if not isinstance(self.model, str):
-            raise TypeError(f"model must be a preset name such as 'gpt', got {self.model!r}")
+            raise TypeError(f"model must be a preset name such as 'gpt' or an import path 'package.module:function', "
+                            f"got {self.model!r}")
         if not isinstance(self.model_options, Mapping) or not all(isinstance(k, str) for k in self.model_options):
-            raise TypeError(f"model_options must be a dict of option name -> int, got {self.model_options!r}")
+            raise TypeError(f"model_options must be a dict of option name -> value, got {self.model_options!r}")
         n = self.shape.num_layers
         check_runtime(self, n)  # schedule, chunks, runtime, and what the runtime cannot do
         if self.virtual_stages > n:

@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -63,6 +64,7 @@ from utils import validation
 from utils.profiling.measure import measure_concurrently, measure_layers
 from utils.profiling.result import PROFILE_VERSION, LayerProfile
 from utils.system.devices import resolve_device
+from utils.workloads.presets import is_import_path
 
 __all__ = ["LayerProfile", "cache_dir", "profile_layers"]
 
@@ -194,16 +196,22 @@ def _key(model: str, options: Mapping[str, Any], *, micro_batch_size: int, devic
     """What a cached profile must match to be reused."""
     import torch
 
-    return {"version": PROFILE_VERSION, "model": model, "options": dict(sorted(options.items())),
-            "micro_batch_size": micro_batch_size, "device": device, "device_name": _device_name(device),
-            "threads": threads, "concurrency": concurrency, "torch": torch.__version__,
-            "warmup": warmup, "repeats": repeats, "seed": seed}
+    key = {"version": PROFILE_VERSION, "model": model, "options": dict(sorted(options.items())),
+           "micro_batch_size": micro_batch_size, "device": device, "device_name": _device_name(device),
+           "threads": threads, "concurrency": concurrency, "torch": torch.__version__,
+           "warmup": warmup, "repeats": repeats, "seed": seed}
+    if is_import_path(model):  # a learner's model changes under the same name: its source is part of the key
+        from utils.workloads.custom import source_digest
+
+        key["source"] = source_digest(model)
+    return key
 
 
 # --- the cache -----------------------------------------------------------------------------
 def _cache_path(key: Mapping[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "profiles" / f"{key['model']}-{digest}.json"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", key["model"])  # an import path's ':' stays out of file names
+    return cache_dir() / "profiles" / f"{name}-{digest}.json"
 
 
 _written: dict[Path, LayerProfile] = {}

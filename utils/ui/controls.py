@@ -76,7 +76,9 @@ class JobControls:
     def _build_controls(self, base: JobSpec) -> None:
         t = lambda key: text(key, self.lang)  # noqa: E731
         explicit = not isinstance(base.partition, str)
-        self.model = widgets.Dropdown(options=list(PRESETS), value=base.model,
+        # the presets, and a learner's own model (an import path) when the panel starts from one
+        self.model = widgets.Dropdown(options=[*PRESETS, *([base.model] if base.model not in PRESETS else [])],
+                                      value=base.model,
                                       description=t("ctl.model"), style=STYLE)
         self.model_options = widgets.Text(
             value=", ".join(f"{k}={v}" for k, v in dict(base.model_options).items()),

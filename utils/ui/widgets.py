@@ -53,7 +53,8 @@ _NOTE = "#8a6d00"
 
 
 class RunPanel(JobControls, RunResults, Displayable):
-    """Launch real DeepSpeed pipeline jobs from controls and look at the results.
+    """Launch real pipeline jobs (on DeepSpeed's engine, or torch's pipelining for the schedules
+    DeepSpeed cannot run) from controls and look at the results.
 
     ``RunPanel()`` starts from `JobSpec`'s defaults; ``RunPanel(JobSpec(...))`` from that spec
     (fields without a control — device, timeout, seed, lr, data_parallel, name — come from it).

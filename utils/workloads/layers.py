@@ -150,13 +150,17 @@ class LayerDef:
 
     cls: type[nn.Module]
     kwargs: Mapping[str, Any]
+    args: tuple = ()
+    """Positional constructor arguments (a learner's ``LayerSpec(cls, *args)``)."""
+    label: str | None = None
+    """Its name when the class name does not say it (a function layer: the function's name)."""
 
     @property
     def name(self) -> str:
-        return self.cls.__name__
+        return self.label or self.cls.__name__
 
     def build(self) -> nn.Module:
-        return self.cls(**self.kwargs)
+        return self.cls(*self.args, **self.kwargs)
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,7 @@ class Model:
         quiet_accelerator_notice()
         from deepspeed.pipe import LayerSpec  # deepspeed is imported only by code that needs it
 
-        return [LayerSpec(layer.cls, **layer.kwargs) for layer in self.layers]
+        return [LayerSpec(layer.cls, *layer.args, **layer.kwargs) for layer in self.layers]
 
     def param_counts(self) -> list[int]:
         """Parameters per layer, counted on the meta device (nothing is allocated)."""

@@ -28,7 +28,7 @@ from utils.workloads import mistakes
 from utils.workloads.layers import (Batches, Block, ClassifierHead, Embedding, InputStem, LayerDef, LMHead,
                                     MLPBlock, Model, batches, class_loss, lm_loss, mse_loss, seed_layer)
 from utils.workloads.layers import _progressions, _teacher_classes, _teacher_regression
-from utils.workloads.presets import MISTAKE_PREFIX, PRESETS, model_shape
+from utils.workloads.presets import MISTAKE_PREFIX, PRESETS, is_import_path, model_shape
 
 __all__ = ["PRESETS", "get_model", "Model", "LayerDef", "Batches", "batches", "seed_layer", "Embedding", "Block",
            "LMHead", "MLPBlock", "InputStem", "ClassifierHead", "lm_loss", "mse_loss", "class_loss",
@@ -102,7 +102,12 @@ _RESOLVERS = {"gpt": _gpt, "gpt-large": _gpt, "mlp": _mlp, "seed-case": _seed_ca
 
 def get_model(preset: str, options: Mapping[str, Any] | None = None) -> Model:
     """Resolve a preset name and option overrides into a `Model` (nothing is built yet).
-    The name and options are checked by `utils.workloads.presets.model_shape` (same errors)."""
+    The name and options are checked by `utils.workloads.presets.model_shape` (same errors).
+    An import path ``"pkg.mod:fn"`` is a learner's model (`utils.workloads.custom`)."""
+    if is_import_path(preset):
+        from utils.workloads.custom import load_model
+
+        return load_model(preset, options)
     shape = model_shape(preset, options)
     if preset.startswith(MISTAKE_PREFIX):
         return mistakes.resolve(preset, **shape.options)

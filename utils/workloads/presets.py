@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from utils import validation
@@ -149,12 +150,40 @@ HIDDEN_PRESETS: dict[str, PresetInfo] = {
 """Presets `utils.workloads.models.get_model` resolves that `PRESETS` (the menu) does not list."""
 
 
+def is_import_path(model: object) -> bool:
+    """Whether `model` names a learner's model function (``"pkg.mod:fn"``,
+    `utils.workloads.custom`) rather than a preset."""
+    return isinstance(model, str) and ":" in model and not model.startswith(MISTAKE_PREFIX)
+
+
+@lru_cache(maxsize=64)
+def _custom_shape(path: str, options: tuple[tuple[str, Any], ...]) -> ModelShape:
+    from utils.workloads.custom import load_model  # imports torch and the learner's module
+
+    model = load_model(path, dict(options))
+    return ModelShape(preset=path, options=dict(options), layer_names=tuple(model.layer_names), seq_len=model.seq_len)
+
+
 def model_shape(preset: str, options: Mapping[str, Any] | None = None) -> ModelShape:
     """Check a preset name and option overrides and say what they resolve to; raises
-    ValueError saying what to change (the errors `get_model` gives, before any torch)."""
+    ValueError saying what to change (the errors `get_model` gives, before any torch). A
+    learner's model (an import path) is loaded and checked once per options, which imports
+    torch and its module (`utils.workloads.custom.load_model`)."""
+    if is_import_path(preset):
+        try:
+            return _custom_shape(preset, tuple(sorted(dict(options or {}).items())))
+        except TypeError as exc:  # unhashable option values: the learner's function may take anything
+            if "unhashable" not in str(exc):
+                raise
+            from utils.workloads.custom import load_model
+
+            model = load_model(preset, options)
+            return ModelShape(preset=preset, options=dict(options or {}), layer_names=tuple(model.layer_names),
+                              seq_len=model.seq_len)
     info = (PRESETS.get(preset) or HIDDEN_PRESETS.get(preset)) if isinstance(preset, str) else None
     if info is None:
-        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)} "
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}, or your own model as "
+                         "an import path 'package.module:function' returning a utils.ModelDef "
                          "(or a 'mistake:...' preset of utils.workloads.mistakes)")
     options = dict(options or {})
     unknown = set(options) - set(info.defaults)

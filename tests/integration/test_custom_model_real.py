@@ -1,0 +1,81 @@
+"""A learner's own model, defined in this file and imported by the ranks from a folder of its
+own, as a real job: profiled, partitioned by the profile, re-partitioned live, on both
+runtimes, with the losses of the sequential reference."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from utils import JobSpec, run_job
+from utils.system.procs import job_processes
+from utils.workloads.reference import train_sequential
+
+pytestmark = pytest.mark.integration
+
+MODULE = '''
+import torch
+from torch import nn
+from deepspeed.pipe import LayerSpec
+
+import utils
+
+
+class Gated(nn.Module):
+    """A residual block whose cost grows with `wide`: uneven stages to balance."""
+
+    def __init__(self, width, wide=1):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, width * wide), nn.Linear(width * wide, width)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+def build(width=32, wide=(1, 1, 8, 8, 1, 1)):
+    def make_batch(generator, batch):
+        x = torch.randn(batch, width, generator=generator)
+        return x, torch.sin(x.roll(1, dims=1))
+
+    def loss(outputs, targets):  # small on purpose: no step's gradient norm reaches DeepSpeed's clipping (1.0)
+        return 0.01 * nn.functional.mse_loss(outputs, targets)
+
+    return utils.ModelDef(layers=[*[LayerSpec(Gated, width, w) for w in wide], lambda x: x.clamp(-10, 10)],
+                          loss_fn=loss, make_batch=make_batch)
+'''
+
+
+@pytest.fixture(scope="module")
+def learner_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("learner")
+    (folder / "my_gated_model.py").write_text(textwrap.dedent(MODULE), encoding="utf-8")
+    sys.path.insert(0, str(folder))  # the notebook can import it; the ranks learn the folder from the plan
+    yield "my_gated_model:build"
+    sys.path.remove(str(folder))
+    sys.modules.pop("my_gated_model", None)
+
+
+def test_a_learners_model_is_profiled_partitioned_moved_and_trains_like_the_sequential_model(runs_root, learner_model):
+    spec = JobSpec(model=learner_model, num_stages=2, micro_batches=4, micro_batch_size=8, steps=4, device="cpu",
+                   partition="profile", repartition_at={2: [0, 2, 7]}, timeout=240)
+    run = run_job(spec, progress=False)
+    assert run.ok and job_processes(run.path) == []
+    assert run.partition_method == "profile" and len(run.parts) == 3
+    assert run.partition_history == [(0, run.parts_at(0)), (2, [0, 2, 7])]
+    expected = train_sequential(spec)
+    assert expected == pytest.approx(train_sequential(spec, clip="global"))  # nothing clipped: one reference
+    assert run.losses == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert run.losses[-1] < run.losses[0]
+    assert run.timeline.steps == list(range(4))
+
+
+def test_a_learners_model_runs_on_torchs_runtime_too(runs_root, learner_model):
+    spec = JobSpec(model=learner_model, schedule="zbv", num_stages=2, micro_batches=4, micro_batch_size=8,
+                   steps=3, device="cpu", partition="uniform", timeout=240)
+    run = run_job(spec, progress=False)
+    assert run.ok and run.timeline.meta["runtime"] == "torch" and len(run.parts) == 5
+    assert run.losses == pytest.approx(train_sequential(spec, clip="global"), rel=1e-5, abs=1e-7)
+    for rank in range(2):
+        assert run.actions(rank, 1) == [str(a) for a in run.schedule.actions[rank]]
