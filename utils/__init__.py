@@ -51,6 +51,8 @@ _API: dict[str, tuple[str, ...]] = {
                                      "MicroBatchDecision"),
     # 7. Find what is wrong with a job: failed, hung or slow.
     "utils.jobs.diagnose": ("diagnose",),
+    "utils.runtime.recorder": ("record", "Recorder"),
+    "utils.jobs.suggest": ("suggest_partition", "PartitionSuggestion"),
     "utils.analysis.diagnosis": ("Diagnosis",),
     # 8. Beyond one machine: nodes, launchers, the commands that run a job elsewhere.
     "utils.jobs.hosts": ("Node", "parse_hostfile"),

@@ -14,7 +14,7 @@ FROZEN = {
     # 1. Describe and run a real job, read its record
     "JobSpec", "Fault", "JobPlan", "plan_job", "profile_for_job", "deepspeed_config", "lint_config", "Finding",
     "run_job", "start_job", "RunningJob", "JobFailed", "Run", "find_run", "list_runs", "runs_dir",
-    "get_model", "PRESETS", "ModelDef", "train_sequential",
+    "get_model", "PRESETS", "ModelDef", "train_sequential", "record", "Recorder", "suggest_partition", "PartitionSuggestion",
     # 2. The data model and what is measured on it
     "Event", "Timeline", "Metrics", "MetricsSummary", "compute_metrics",
     "bubble_ratio_1f1b", "bubble_ratio_gpipe", "bubble_ratio_interleaved", "bubble_overhead_interleaved",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from utils.jobs.launch import run_job
-from utils.jobs.spec import JOB_SCHEDULES, JobSpec
+from utils.jobs.spec import JobSpec
 from utils.planning.whatif import SearchRow
 
 
@@ -38,7 +38,7 @@ def confirm_top(rows: Sequence[SearchRow], spec: JobSpec, *, top: int = 3, steps
     for 1F1B and GPipe, torch's pipelining for the others: `JobSpec.runtime`), so `spec` must
     not ask the torch runtime for what only DeepSpeed does when such a row is among the `top`.
     """
-    runnable = sorted((r for r in rows if r.feasible and r.schedule in JOB_SCHEDULES),
+    runnable = sorted((r for r in rows if r.feasible),
                       key=lambda r: r.step_time)[:top]
     confirmed = []
     for row in runnable:

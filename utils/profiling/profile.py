@@ -196,15 +196,18 @@ def _key(model: str, options: Mapping[str, Any], *, micro_batch_size: int, devic
     """What a cached profile must match to be reused."""
     import torch
 
-    key = {"version": PROFILE_VERSION, "model": model, "options": dict(sorted(options.items())),
-           "micro_batch_size": micro_batch_size, "device": device, "device_name": _device_name(device),
-           "threads": threads, "concurrency": concurrency, "torch": torch.__version__,
-           "warmup": warmup, "repeats": repeats, "seed": seed}
-    if is_import_path(model):  # a learner's model changes under the same name: its source is part of the key
-        from utils.workloads.custom import source_digest
+    # A learner's model (an import path) changes under the same name: its source is part of the key.
+    source = {"source": _source_digest(model)} if is_import_path(model) else {}
+    return {"version": PROFILE_VERSION, "model": model, "options": dict(sorted(options.items())),
+            "micro_batch_size": micro_batch_size, "device": device, "device_name": _device_name(device),
+            "threads": threads, "concurrency": concurrency, "torch": torch.__version__,
+            "warmup": warmup, "repeats": repeats, "seed": seed, **source}
 
-        key["source"] = source_digest(model)
-    return key
+
+def _source_digest(model: str) -> str:
+    from utils.workloads.custom import source_digest
+
+    return source_digest(model)
 
 
 # --- the cache -----------------------------------------------------------------------------

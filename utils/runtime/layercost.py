@@ -5,9 +5,12 @@ The re-balancing policy needs what every layer costs *now*, under the job's own 
 `LayerCostMeter` times every local layer of a rank's engine while it trains:
 
 - forward: a pre-hook and a hook on each layer module mark its start and end;
-- backward: the forward hook passes the layer's output through `_Stamp`, an identity whose
-  backward marks the moment the gradient of that output arrives — when this layer's
-  backward starts. The next stamp to fire below it (the layer before) marks its end; for the
+- backward: the forward hook registers a hook on the layer's output tensor that marks the
+  moment the gradient of that output arrives — when this layer's backward starts. A tensor
+  hook, not an identity autograd function around the output: the next layer may modify its
+  input in place (``ReLU(inplace=True)``, as in DeepSpeed's own AlexNet example), which torch
+  forbids on the view such a function returns; a tensor hook registered before an in-place
+  change still fires with the gradient of the value it was registered on. The next stamp to fire below it (the layer before) marks its end; for the
   first layer of a stage the end of the BackwardPass instruction does. A layer whose output
   needs no gradient (a frozen prefix) gets no stamp and costs no backward.
 
@@ -26,20 +29,6 @@ from statistics import fmean
 import torch
 
 from utils.runtime.frozen import local_layers
-
-
-class _Stamp(torch.autograd.Function):
-    """Identity whose backward records a clock mark: the start of the layer's backward."""
-
-    @staticmethod
-    def forward(ctx, x, meter, layer):
-        ctx.meter, ctx.layer = meter, layer
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.meter._marks.append(("b", ctx.layer, ctx.meter._mark()))
-        return grad, None, None
 
 
 class LayerCostMeter:
@@ -102,8 +91,13 @@ class LayerCostMeter:
                 return None
             self._marks.append(("F", index, self._mark()))
             if isinstance(output, torch.Tensor) and output.requires_grad and torch.is_grad_enabled():
-                return _Stamp.apply(output, self, index)
+                output.register_hook(self._backward_started(index))
             return None
+        return hook
+
+    def _backward_started(self, index: int):
+        def hook(grad):
+            self._marks.append(("b", index, self._mark()))
         return hook
 
     def take_step(self) -> dict[int, tuple[float, float]] | None:

@@ -28,7 +28,7 @@ from utils.workloads import mistakes
 from utils.workloads.layers import (Batches, Block, ClassifierHead, Embedding, InputStem, LayerDef, LMHead,
                                     MLPBlock, Model, batches, class_loss, lm_loss, mse_loss, seed_layer)
 from utils.workloads.layers import _progressions, _teacher_classes, _teacher_regression
-from utils.workloads.presets import MISTAKE_PREFIX, PRESETS, is_import_path, model_shape
+from utils.workloads.presets import MISTAKE_PREFIX, PRESETS, RECORDED, is_import_path, model_shape
 
 __all__ = ["PRESETS", "get_model", "Model", "LayerDef", "Batches", "batches", "seed_layer", "Embedding", "Block",
            "LMHead", "MLPBlock", "InputStem", "ClassifierHead", "lm_loss", "mse_loss", "class_loss",
@@ -104,6 +104,10 @@ def get_model(preset: str, options: Mapping[str, Any] | None = None) -> Model:
     """Resolve a preset name and option overrides into a `Model` (nothing is built yet).
     The name and options are checked by `utils.workloads.presets.model_shape` (same errors).
     An import path ``"pkg.mod:fn"`` is a learner's model (`utils.workloads.custom`)."""
+    if preset == RECORDED:
+        raise ValueError("a recorded job's model lives in the script that ran it (utils.record): it can be read, "
+                         "drawn and partitioned on paper, not rebuilt; give JobSpec your model as "
+                         "model='package.module:function' to run it here")
     if is_import_path(preset):
         from utils.workloads.custom import load_model
 

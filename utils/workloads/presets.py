@@ -164,11 +164,30 @@ def _custom_shape(path: str, options: tuple[tuple[str, Any], ...]) -> ModelShape
     return ModelShape(preset=path, options=dict(options), layer_names=tuple(model.layer_names), seq_len=model.seq_len)
 
 
+RECORDED = "recorded"
+"""The model of a job recorded from a script of its own (`utils.runtime.recorder`): its
+``model_options`` hold what the engine said about it, ``{"layers": [names], "params": [counts]}``;
+it can be read, drawn and partitioned on paper, not rebuilt."""
+
+
+def recorded_model(names: tuple[str, ...] | list[str], params: list[int]) -> dict[str, Any]:
+    """The `model_options` of a recorded model."""
+    return {"layers": list(names), "params": [int(p) for p in params]}
+
+
 def model_shape(preset: str, options: Mapping[str, Any] | None = None) -> ModelShape:
     """Check a preset name and option overrides and say what they resolve to; raises
     ValueError saying what to change (the errors `get_model` gives, before any torch). A
     learner's model (an import path) is loaded and checked once per options, which imports
     torch and its module (`utils.workloads.custom.load_model`)."""
+    if preset == RECORDED:
+        found = dict(options or {})
+        names, params = found.get("layers"), found.get("params")
+        if not isinstance(names, (list, tuple)) or not isinstance(params, (list, tuple)) or len(names) != len(params) \
+                or not names:
+            raise ValueError("a recorded model's model_options must hold 'layers' (names) and 'params' (counts) of "
+                             "the same non-zero length, as utils.record writes them")
+        return ModelShape(preset=preset, options=found, layer_names=tuple(map(str, names)), seq_len=None)
     if is_import_path(preset):
         try:
             return _custom_shape(preset, tuple(sorted(dict(options or {}).items())))
