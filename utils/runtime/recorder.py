@@ -103,6 +103,7 @@ class Recorder:
         self._files = {kind: LineAppender(path) for kind, path in files.items()}
         self._costs = LineAppender(self.run_dir.layer_costs_file(self.rank)) if layer_costs else None
         self.steps = 0
+        self.enabled = True
         self.finished = False
         self._origin_known = False
         self._train_batch = engine.train_batch
@@ -137,10 +138,21 @@ class Recorder:
                        device=self.device, name=name or Path(sys.argv[0]).stem, strict=False,
                        deepspeed_config=_config_of(engine))
 
+    def enable(self, on: bool) -> None:
+        """Record the coming steps or not (between steps; `benchmarks/record_overhead.py`
+        alternates): off, ``train_batch`` is the engine's own and nothing is written."""
+        self.enabled = on
+        self.tracer.enable(on)
+        if self.meter is not None:
+            self.meter.enabled = on
+
     # --- every step -----------------------------------------------------------------------------
     def train_batch(self, *args, **kwargs):
-        """The engine's own ``train_batch``, recorded."""
+        """The engine's own ``train_batch``, recorded (while `enabled`)."""
         from utils.runtime.rank import _common_origin
+
+        if not self.enabled:
+            return self._train_batch(*args, **kwargs)
 
         if not self._origin_known:  # every rank's first step: one broadcast of rank 0's clock
             origin, _ = _common_origin()

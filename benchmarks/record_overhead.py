@@ -1,0 +1,116 @@
+"""`utils.record` overhead: step time with the recorder on vs off, alternating step by step
+inside one real job (so both see the same machine state), printed as a ratio.
+
+    python benchmarks/record_overhead.py [--stages 2] [--steps 21] [--device auto] [--no-layer-costs]
+
+Target (issue 40): recorded / not recorded <= 1.03. The recorder is what a learner's own script
+gets from ``utils.record(engine)``: the instruction tracer, the memory meter at every
+instruction, the per-layer cost meter (unless ``--no-layer-costs``) and the per-step records
+written to disk. The engine is a plain DeepSpeed ``PipelineEngine`` of the ``gpt`` preset;
+this script is its own worker program: run without ``--worker`` it starts itself under torchrun,
+one process per stage.
+
+Measured here (2-core VM, CPU, gloo, other work on the machine; `gpt` defaults, 2 stages, 8
+micro-batches, 21 steps): see the figures this script prints; docs/suite-time.md keeps no copy.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def job_spec(args):
+    from utils.jobs.spec import JobSpec
+
+    return JobSpec(model=args.model, num_stages=args.stages, micro_batches=args.micro_batches,
+                   steps=args.steps, device=args.device)
+
+
+def worker(args) -> None:
+    import torch
+
+    import utils
+    from utils.runtime.rank import build_engine, use_device
+    from utils.system.cpu import prepare_cpu_rank
+    from utils.workloads.models import batches, get_model
+
+    spec = job_spec(args)
+    device = args.device  # resolved by the parent, which set up this process's environment
+    use_device(device)
+    if device == "cpu":
+        prepare_cpu_rank()  # as every rank of a real job
+    model = get_model(spec.model, spec.model_options)
+    engine = build_engine(spec, model, json.loads(args.boundaries), device)
+    recorder = utils.record(engine, out=args.record, layer_costs=not args.no_layer_costs)
+    data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size)
+    times = {True: [], False: []}
+    for step in range(spec.steps):
+        recorded = step % 2 == 1  # step 0 (warm-up) not recorded and dropped below
+        recorder.enable(recorded)
+        started = time.perf_counter()
+        engine.train_batch(data_iter=data)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if step > 0:
+            times[recorded].append(time.perf_counter() - started)
+    if int(os.environ["RANK"]) == 0:
+        Path(args.out).write_text(json.dumps({str(k): v for k, v in times.items()}))
+    recorder.finish()
+    os._exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=21)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--model", default="gpt", help="gpt (CPU size) or gpt-large (GPU size)")
+    parser.add_argument("--no-layer-costs", action="store_true", help="record without the per-layer cost meter")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--record", default="")
+    parser.add_argument("--boundaries", default="", help="set by the parent from the job's plan")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    from utils.jobs.launchers import SINGLE_NODE_ARGS, LocalTorchrun
+    from utils.jobs.plan import plan_job
+
+    plan = plan_job(job_spec(args))  # checks the spec and the device before anything starts
+    env = LocalTorchrun().environment(plan)  # the environment a real job's ranks get
+    folder = Path(tempfile.mkdtemp(prefix="record-overhead-"))
+    out, log = folder / "times.json", folder / "ranks.log"
+    with open(log, "wb") as sink:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *SINGLE_NODE_ARGS,
+                               f"--nproc-per-node={args.stages}", __file__, "--worker",
+                               f"--stages={args.stages}", f"--micro-batches={args.micro_batches}",
+                               f"--steps={args.steps}", f"--device={plan.device}", f"--model={args.model}",
+                               f"--out={out}", f"--record={folder / 'run'}",
+                               *(["--no-layer-costs"] if args.no_layer_costs else []),
+                               f"--boundaries={json.dumps(list(plan.boundaries))}"],
+                              env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        sys.exit(f"the job failed (exit code {done.returncode}); the end of {log}:\n"
+                 + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+    times = json.loads(out.read_text())
+    recorded, plain = statistics.median(times["True"]), statistics.median(times["False"])
+    what = "tracer + memory meter + records" + ("" if args.no_layer_costs else " + per-layer cost meter")
+    print(f"steps per arm: {len(times['True'])} recorded, {len(times['False'])} not "
+          f"({args.stages} stages, {args.micro_batches} micro-batches, {plan.device}; {what})")
+    print(f"median step time: recorded {recorded * 1e3:.1f} ms, not recorded {plain * 1e3:.1f} ms")
+    print(f"recorder overhead ratio (recorded / not): {recorded / plain:.3f}  (target <= 1.03)")
+    print(f"the record: {folder / 'run'}")
+
+
+if __name__ == "__main__":
+    main()
