@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from utils import JobSpec, run_job
+from utils import JobSpec, find_run, run_job
 from utils.system.procs import job_processes
 from utils.workloads.reference import train_sequential
 
@@ -69,6 +70,11 @@ def test_a_learners_model_is_profiled_partitioned_moved_and_trains_like_the_sequ
     assert run.losses == pytest.approx(expected, rel=1e-5, abs=1e-7)
     assert run.losses[-1] < run.losses[0]
     assert run.timeline.steps == list(range(4))
+    # find_run reuses the run only while the model's code is the same: the source digest is in its plan
+    assert find_run(spec).path == run.path
+    module_file = Path(sys.modules["my_gated_model"].__file__)
+    module_file.write_text(module_file.read_text(encoding="utf-8") + "\n# edited\n", encoding="utf-8")
+    assert find_run(spec) is None
 
 
 def test_a_learners_model_runs_on_torchs_runtime_too(runs_root, learner_model):

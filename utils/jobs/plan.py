@@ -32,6 +32,7 @@ from utils.system.cpu import rank_threads
 from utils.system.devices import resolve_device
 from utils.system.diskspace import FULL_FIX, CheckpointDiskError, existing_ancestor, free_bytes, human
 from utils.workloads.models import Model, get_model
+from utils.workloads.presets import is_import_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,9 +83,14 @@ class JobPlan:
 
     def to_record(self) -> dict[str, Any]:
         """``plan.json``: read by every rank (device, boundaries) and by `Run`."""
-        return {"device": self.device, "threads": self.threads, "notes": list(self.notes),
-                "partition": self.partition_record(), "launcher": self.spec.launcher,
-                "nodes": [{"index": n.index, "host": n.host, "ranks": list(n.ranks)} for n in self.nodes]}
+        record = {"device": self.device, "threads": self.threads, "notes": list(self.notes),
+                  "partition": self.partition_record(), "launcher": self.spec.launcher,
+                  "nodes": [{"index": n.index, "host": n.host, "ranks": list(n.ranks)} for n in self.nodes]}
+        if is_import_path(self.spec.model):  # a learner's model changes under its name: `find_run` compares this
+            from utils.workloads.custom import source_digest
+
+            record["model_source"] = source_digest(self.spec.model)
+        return record
 
 
 def plan_job(spec: JobSpec, *, directory: str | Path | None = None) -> JobPlan:

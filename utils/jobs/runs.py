@@ -421,6 +421,7 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
     if not root.exists():
         return None
     wanted = _canonical(spec)
+    source = _model_source(spec.model)  # a learner's model: only a run of the same code counts
     for path in _newest_first(root):
         data = RunDir(path).read_spec()
         if data is None:
@@ -429,11 +430,23 @@ def find_run(spec: JobSpec, directory: str | Path | None = None) -> Run | None:
             recorded = JobSpec.from_dict(data)
         except (TypeError, ValueError, KeyError):
             continue
-        if _canonical(recorded) == wanted:
+        if _canonical(recorded) == wanted and (source is None or (RunDir(path).read_plan() or {}).get(
+                "model_source") == source):
             run = Run.load(path)
             if run.ok and not run.partial:
                 return run
     return None
+
+
+def _model_source(model: str) -> str | None:
+    """The digest of a learner's model's source (``"pkg.mod:fn"``), None for a preset."""
+    from utils.workloads.presets import is_import_path
+
+    if not is_import_path(model):
+        return None
+    from utils.workloads.custom import source_digest
+
+    return source_digest(model)
 
 
 _STARTED = re.compile(r"^(\d{8}-\d{6})-")
