@@ -64,6 +64,31 @@ def worker(args) -> None:
     os._exit(0)
 
 
+def launch_alternating(args, *, script: str, prefix: str, extra: tuple[str, ...] = ()) -> tuple[dict, Path, str]:
+    """Run `script` as its own worker under torchrun, one process per stage, with the environment
+    a real job's ranks get; returns the step times rank 0 wrote (``{"True": [...], "False": [...]}``),
+    the scratch folder and the device. The spec and the device are checked before anything starts.
+    `benchmarks/record_overhead.py` uses it too."""
+    from utils.jobs.launchers import SINGLE_NODE_ARGS, LocalTorchrun
+    from utils.jobs.plan import plan_job
+
+    plan = plan_job(job_spec(args))  # checks the spec and the device before anything starts
+    env = LocalTorchrun().environment(plan)  # the environment a real job's ranks get
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    out, log = folder / "times.json", folder / "ranks.log"
+    with open(log, "wb") as sink:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *SINGLE_NODE_ARGS,
+                               f"--nproc-per-node={args.stages}", script, "--worker",
+                               f"--stages={args.stages}", f"--micro-batches={args.micro_batches}",
+                               f"--steps={args.steps}", f"--device={plan.device}", f"--model={args.model}",
+                               f"--out={out}", f"--boundaries={json.dumps(list(plan.boundaries))}", *extra],
+                              env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        sys.exit(f"the job failed (exit code {done.returncode}); the end of {log}:\n"
+                 + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+    return json.loads(out.read_text()), folder, plan.device
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stages", type=int, default=2)
@@ -77,24 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    from utils.jobs.launchers import SINGLE_NODE_ARGS, LocalTorchrun
-    from utils.jobs.plan import plan_job
-
-    plan = plan_job(job_spec(args))  # checks the spec and the device before anything starts
-    device = plan.device
-    env = LocalTorchrun().environment(plan)  # the environment a real job's ranks get
-    folder = Path(tempfile.mkdtemp(prefix="tracer-overhead-"))
-    out, log = folder / "times.json", folder / "ranks.log"
-    with open(log, "wb") as sink:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *SINGLE_NODE_ARGS,
-                               f"--nproc-per-node={args.stages}", __file__, "--worker",
-                               f"--stages={args.stages}", f"--micro-batches={args.micro_batches}",
-                               f"--steps={args.steps}", f"--device={device}", f"--model={args.model}",
-                               f"--out={out}", f"--boundaries={json.dumps(list(plan.boundaries))}"], env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        sys.exit(f"the job failed (exit code {done.returncode}); the end of {log}:\n"
-                 + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
-    times = json.loads(out.read_text())
+    times, _, _ = launch_alternating(args, script=__file__, prefix="tracer-overhead-")
     traced, untraced = statistics.median(times["True"]), statistics.median(times["False"])
     print(f"steps per arm: {len(times['True'])} traced, {len(times['False'])} untraced "
           f"({args.stages} stages, {args.micro_batches} micro-batches)")
