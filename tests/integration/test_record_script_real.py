@@ -98,6 +98,8 @@ def test_deepspeeds_own_example_records_what_it_did(tmp_path, runs_root):
     lam = names.index("<lambda>")  # the script's `lambda x: torch.flatten(x, 1)`: a function, no module to time
     assert set(costs) == {0, 1, 2} and set(costs[2]) == set(range(len(names))) - {lam}  # every module, each step
     assert utils.diagnose(run).kind == "ok"
+    figure = utils.plot_timeline(timeline)
+    assert {t.name for t in figure.data if t.type == "bar"} >= {"forward", "backward"}
     assert set(run.peak_memory) == {0, 1}
     suggestion = utils.suggest_partition(run)  # from the layer costs the script's own ranks measured
     print(suggestion)

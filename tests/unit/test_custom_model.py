@@ -125,3 +125,31 @@ def test_the_ranks_import_the_model_from_where_the_notebook_found_it(module_name
     assert str(folder.resolve()) in launcher.environment(plan)["PYTHONPATH"].split(":")
     assert f"PYTHONPATH={folder.resolve()}" in launcher.command(plan, __import__("utils").jobs.rundir.RunDir(folder))
     assert model_root(plan_job(JobSpec(model="mlp", num_stages=2, device="cpu"))) is None
+
+
+def test_a_language_model_must_take_the_sample_length(module_name, tmp_path):
+    import torch
+
+    import utils
+    from utils.workloads.custom import load_model
+    from deepspeed.pipe import LayerSpec
+
+    def make(tokens_too: bool):
+        def batch(generator, n, *rest):
+            length = rest[0] if rest and rest[0] is not None else 8
+            ids = torch.randint(0, 16, (n, length), generator=generator)
+            return ids, ids
+        return batch if tokens_too else (lambda generator, n: batch(generator, n))
+
+    module = sys.modules[module_name[0]]
+    module.lm_without_tokens = lambda: utils.ModelDef(layers=[LayerSpec(torch.nn.Embedding, 16, 16)],
+                                                      loss_fn=lambda y, t: y.float().mean(), make_batch=make(False),
+                                                      seq_len=8)
+    module.lm_with_tokens = lambda: utils.ModelDef(layers=[LayerSpec(torch.nn.Embedding, 16, 16)],
+                                                   loss_fn=lambda y, t: y.float().mean(), make_batch=make(True),
+                                                   seq_len=8)
+    with pytest.raises(TypeError, match=r"make_batch must take \(generator, batch_size, tokens\)"):
+        load_model(f"{module_name[0]}:lm_without_tokens")
+    model = load_model(f"{module_name[0]}:lm_with_tokens")
+    inputs, _ = model.make_batch(torch.Generator().manual_seed(0), 2, 5)
+    assert inputs.shape == (2, 5) and model.seq_len == 8

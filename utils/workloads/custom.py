@@ -46,9 +46,11 @@ class ModelDef:
     """``loss_fn(outputs, labels)`` -> a scalar tensor (`PipelineModule(loss_fn=...)`)."""
     make_batch: Callable[..., tuple[Any, Any]]
     """``make_batch(generator, batch_size)`` -> ``(inputs, labels)`` of one micro-batch, drawn
-    with the ``torch.Generator`` given (so every rank of one replica draws the same samples)."""
+    with the ``torch.Generator`` given (so every rank of one replica draws the same samples). A
+    language model's takes a third argument, ``tokens``: the sample length (None: `seq_len`)."""
     seq_len: int | None = None
-    """Tokens per sample, for a language model (tokens/s); None otherwise."""
+    """Tokens per sample, for a language model (tokens/s, and what variable-length batching and
+    a sequence-length curriculum shorten: ``make_batch`` must then take ``tokens``); None otherwise."""
 
 
 def _resolve(path: str) -> Callable:
@@ -122,13 +124,31 @@ def load_model(path: str, options: Mapping[str, Any] | None = None):
     if not callable(definition.loss_fn) or not callable(definition.make_batch):
         raise TypeError(f"model {path!r}: ModelDef.loss_fn and ModelDef.make_batch must be functions")
 
+    takes_tokens = _takes_three(definition.make_batch)
+    if definition.seq_len is not None and not takes_tokens:
+        raise TypeError(f"model {path!r}: ModelDef.seq_len is set (a language model), so make_batch must take "
+                        "(generator, batch_size, tokens): the sample length variable-length batching asks for")
+
     def make_batch(generator: torch.Generator, batch: int, tokens: int | None = None):
+        if takes_tokens:
+            return definition.make_batch(generator, batch, tokens)
         return definition.make_batch(generator, batch)
 
     model = Model(preset=path, options=options, layers=layers, loss_fn=definition.loss_fn, make_batch=make_batch,
                   seq_len=definition.seq_len)
     _check_chain(path, model)
     return model
+
+
+def _takes_three(fn: Callable) -> bool:
+    """Whether `fn` can be called with three positional arguments."""
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): call it with two
+        return False
+    return True
 
 
 def _layer(path: str, index: int, layer, LayerDef):
