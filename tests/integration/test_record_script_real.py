@@ -62,25 +62,32 @@ def _script(folder) -> None:
     (folder / "hostfile").write_text("localhost slots=2\n", encoding="utf-8")
 
 
-def test_deepspeeds_own_example_records_what_it_did(tmp_path, runs_root):
-    changed = sum(1 for line in _edited_lines(tmp_path))
-    print(f"lines changed in the public script: {changed}")
+def _launch(folder, runs_root, *, steps: int = 3):
+    """DeepSpeed's own launcher runs the script in `folder` on 2 CPU ranks; returns the finished
+    process and the run directories it recorded under `runs_root`."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
            "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
            "TORCH_EXTENSIONS_DIR": str(extensions_dir()), "PATH": ranks_path(os.environ["PATH"]),
            "WORKBOOK_RUNS": str(runs_root)}
-    argv = [sys.executable, "-m", "deepspeed.launcher.runner", f"--hostfile={tmp_path / 'hostfile'}",
+    argv = [sys.executable, "-m", "deepspeed.launcher.runner", f"--hostfile={folder / 'hostfile'}",
             "--master_addr=127.0.0.1", f"--master_port={port}", "--no_ssh_check",
-            "train.py", "--deepspeed_config=ds_config.json", "-p", "2", "--steps=3", "--backend", "gloo"]
+            "train.py", "--deepspeed_config=ds_config.json", "-p", "2", f"--steps={steps}", "--backend", "gloo"]
     before = {run.path for run in list_runs(runs_root)}
     try:
-        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     finally:
         shm.remove_job_buffers("127.0.0.1", port)  # DeepSpeed's runner leaves its CPU comm buffers behind
+    return done, [run.path for run in list_runs(runs_root) if run.path not in before]
+
+
+def test_deepspeeds_own_example_records_what_it_did(tmp_path, runs_root):
+    changed = sum(1 for line in _edited_lines(tmp_path))
+    print(f"lines changed in the public script: {changed}")
+    done, paths = _launch(tmp_path, runs_root)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     printed = [float(x) for x in re.findall(r"steps: \d+ loss: ([\d.]+) iter time", done.stdout + done.stderr)]
-    [path] = [run.path for run in list_runs(runs_root) if run.path not in before]
+    [path] = paths
     run = Run.load(path)
     # What the script did: 2 stages, 8 / 2 = 4 micro-batches, 3 steps, DeepSpeed's own partition.
     assert run.ok and run.spec.model == "recorded" and run.spec.num_stages == 2 and run.spec.micro_batches == 4
@@ -124,3 +131,23 @@ def _edited_lines(folder):
     edited = (folder / "train.py").read_text(encoding="utf-8").splitlines()
     return [line for line in difflib.unified_diff(original, edited, lineterm="", n=0)
             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+def test_a_script_that_raises_is_recorded_as_failed_and_diagnosed(tmp_path, runs_root):
+    """The script's own loop raises on rank 1 in step 1 (the learner's bug); DeepSpeed's launcher
+    ends the other rank; the record says failed, with rank 1's error and where it was."""
+    _script(tmp_path)
+    script = tmp_path / "train.py"
+    loop = "    for step in range(args.steps):\n        loss = engine.train_batch()\n"
+    text = script.read_text(encoding="utf-8")
+    assert text.count(loop) == 1
+    script.write_text(text.replace(loop, loop + "        if step == 1 and dist.get_rank() == 1:\n"
+                                              "            raise ValueError('a bug in my loop')\n"), encoding="utf-8")
+    done, [path] = _launch(tmp_path, runs_root)
+    assert done.returncode != 0
+    run = Run.load(path)
+    assert run.state == "failed" and run.run_dir.error(1)["message"] == "a bug in my loop"
+    assert len(run.progress(1)) == 2  # steps 0 and 1 were recorded before the loop raised
+    d = utils.diagnose(run)
+    assert d.kind == "failed" and d.primary.where.rank == 1, d
+    print(d)
