@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.jobs.records import MemoryRecord, RankResult, StatusSlot
-from utils.jobs.rundir import RunDir, runs_dir
+from utils.jobs.rundir import RunDir
 from utils.jobs.spec import JobSpec
 from utils.system.fileio import LineAppender
 from utils.workloads.presets import RECORDED, recorded_model
