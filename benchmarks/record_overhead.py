@@ -33,26 +33,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tracer_overhead import job_spec, launch_alternating  # noqa: E402 - the same job and launch
+from tracer_overhead import launch_alternating, worker_engine  # noqa: E402 - the same job and launch
 
 
 def worker(args) -> None:
     import torch
 
     import utils
-    from utils.runtime.rank import build_engine, use_device
-    from utils.system.cpu import prepare_cpu_rank
-    from utils.workloads.models import batches, get_model
 
-    spec = job_spec(args)
-    device = args.device  # resolved by the parent, which set up this process's environment
-    use_device(device)
-    if device == "cpu":
-        prepare_cpu_rank()  # as every rank of a real job
-    model = get_model(spec.model, spec.model_options)
-    engine = build_engine(spec, model, json.loads(args.boundaries), device)
+    spec, engine, data = worker_engine(args)
+    device = args.device
     recorder = utils.record(engine, out=args.record, layer_costs=not args.no_layer_costs)
-    data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size)
     times = {True: [], False: []}
     for step in range(spec.steps):
         recorded = step % 2 == 1  # step 0 (warm-up) not recorded and dropped below

@@ -28,24 +28,31 @@ def job_spec(args):
                    steps=args.steps, device=args.device)
 
 
+def worker_engine(args):
+    """In a worker: the job's spec, engine at the parent's boundaries, and data iterator, set up
+    as every rank of a real job is (device, CPU threads). `benchmarks/record_overhead.py` uses it too."""
+    from utils.runtime.rank import build_engine, use_device
+    from utils.system.cpu import prepare_cpu_rank
+    from utils.workloads.models import batches, get_model
+
+    spec = job_spec(args)
+    use_device(args.device)  # resolved by the parent, which set up this process's environment
+    if args.device == "cpu":
+        prepare_cpu_rank()
+    model = get_model(spec.model, spec.model_options)
+    engine = build_engine(spec, model, json.loads(args.boundaries), args.device)
+    return spec, engine, batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size)
+
+
 def worker(args) -> None:
     import torch
 
-    from utils.system.cpu import prepare_cpu_rank
-    from utils.runtime.rank import build_engine, use_device
-    from utils.workloads.models import batches, get_model
     from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
 
-    spec = job_spec(args)
-    device = args.device  # resolved by the parent, which set up this process's environment
-    use_device(device)
-    if device == "cpu":
-        prepare_cpu_rank()  # as every rank of a real job
-    model = get_model(spec.model, spec.model_options)
-    engine = build_engine(spec, model, json.loads(args.boundaries), device)
+    spec, engine, data = worker_engine(args)
+    device = args.device
     tracer = InstructionTracer(engine, stage=engine.stage_id, rank=int(os.environ["RANK"]),
                                clock=CudaClock() if device == "cuda" else HostClock())
-    data = batches(model, seed=spec.seed, micro_batch_size=spec.micro_batch_size)
     times = {True: [], False: []}
     for step in range(spec.steps):
         traced = step % 2 == 1  # step 0 (warm-up) untraced and dropped below

@@ -77,7 +77,6 @@ class FillAndDrain:
 
     formula: str
     ratio: float
-    schedule: str
 
 
 def performance_symptoms(timeline: Timeline, *, predicted_stage_costs: Sequence[float] | None = None,

@@ -419,7 +419,7 @@ def _succeeded(run: Run) -> tuple[str, list[Symptom]]:
     parts = run.parts if len(run.partitions) == 1 and one_chunk else None  # peers by layers while it holds
     names = list(spec.shape.layer_names) if parts else None
     info = schedule_info(spec.schedule)
-    baseline = FillAndDrain(formula=info.bubble, schedule=info.name, ratio=info.bubble_ratio(
+    baseline = FillAndDrain(formula=info.bubble, ratio=info.bubble_ratio(
         spec.num_stages, spec.micro_batches, spec.model_chunks)) if info.bubble_ratio is not None else None
     try:
         findings = performance_symptoms(run.timeline, predicted_stage_costs=run.predicted_stage_costs if one_chunk

@@ -122,9 +122,11 @@ class Recorder:
         """The job as a `JobSpec` read from the engine (every rank computes it; rank 0 writes it)."""
         import torch.distributed as dist
 
+        from utils.runtime.frozen import local_layers
+
         engine = self.engine
         mine = {index: sum(p.numel() for p in layer.parameters())
-                for index, layer in _local_layers(engine).items()}
+                for index, layer in local_layers(engine).items()}
         gathered: list = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         params = {int(k): v for found in gathered for k, v in found.items()}
@@ -227,12 +229,6 @@ def _agree_on_path(out: str | Path | None, name: str) -> Path:
         found = [str(path)]
     dist.broadcast_object_list(found, src=0)
     return Path(found[0])
-
-
-def _local_layers(engine) -> dict[int, Any]:
-    from utils.runtime.frozen import local_layers
-
-    return local_layers(engine)
 
 
 def _layer_name(spec) -> str:

@@ -14,9 +14,9 @@ menu of trainable models; `utils.workloads.mistakes` builds them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from utils import validation
@@ -156,12 +156,19 @@ def is_import_path(model: object) -> bool:
     return isinstance(model, str) and ":" in model and not model.startswith(MISTAKE_PREFIX)
 
 
-@lru_cache(maxsize=64)
-def _custom_shape(path: str, options: tuple[tuple[str, Any], ...]) -> ModelShape:
-    from utils.workloads.custom import load_model  # imports torch and the learner's module
+_CUSTOM_SHAPES: dict[tuple[str, str], ModelShape] = {}
+"""A learner's model's shape per (import path, options), so `JobSpec.shape` loads it once."""
 
-    model = load_model(path, dict(options))
-    return ModelShape(preset=path, options=dict(options), layer_names=tuple(model.layer_names), seq_len=model.seq_len)
+
+def _custom_shape(path: str, options: Mapping[str, Any]) -> ModelShape:
+    key = (path, json.dumps(dict(options), sort_keys=True, default=repr))
+    if key not in _CUSTOM_SHAPES:
+        from utils.workloads.custom import load_model  # imports torch and the learner's module
+
+        model = load_model(path, options)
+        _CUSTOM_SHAPES[key] = ModelShape(preset=path, options=dict(options), layer_names=tuple(model.layer_names),
+                                         seq_len=model.seq_len)
+    return _CUSTOM_SHAPES[key]
 
 
 RECORDED = "recorded"
@@ -189,16 +196,7 @@ def model_shape(preset: str, options: Mapping[str, Any] | None = None) -> ModelS
                              "the same non-zero length, as utils.record writes them")
         return ModelShape(preset=preset, options=found, layer_names=tuple(map(str, names)), seq_len=None)
     if is_import_path(preset):
-        try:
-            return _custom_shape(preset, tuple(sorted(dict(options or {}).items())))
-        except TypeError as exc:  # unhashable option values: the learner's function may take anything
-            if "unhashable" not in str(exc):
-                raise
-            from utils.workloads.custom import load_model
-
-            model = load_model(preset, options)
-            return ModelShape(preset=preset, options=dict(options or {}), layer_names=tuple(model.layer_names),
-                              seq_len=model.seq_len)
+        return _custom_shape(preset, options or {})
     info = (PRESETS.get(preset) or HIDDEN_PRESETS.get(preset)) if isinstance(preset, str) else None
     if info is None:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}, or your own model as "
