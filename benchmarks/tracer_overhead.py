@@ -73,7 +73,7 @@ def worker(args) -> None:
 
 def launch_alternating(args, *, script: str, prefix: str, extra: tuple[str, ...] = ()) -> tuple[dict, Path, str]:
     """Run `script` as its own worker under torchrun, one process per stage, with the environment
-    a real job's ranks get; returns the step times rank 0 wrote (``{"True": [...], "False": [...]}``),
+    a real job's ranks get; returns the step times rank 0 wrote (arm name -> list of seconds),
     the scratch folder and the device. The spec and the device are checked before anything starts.
     `benchmarks/record_overhead.py` uses it too."""
     from utils.jobs.launchers import SINGLE_NODE_ARGS, LocalTorchrun

@@ -108,3 +108,34 @@ def test_the_rebalancing_policy_moves_a_learners_model(runs_root, learner_model)
     assert moved[0].predicted_step_seconds < moved[0].measured_step_seconds
     assert run.partition_history[1] == (moved[0].step, list(moved[0].candidate))
     assert run.losses == pytest.approx(train_sequential(spec), rel=1e-5, abs=1e-7)
+
+
+def test_autotune_and_the_micro_batch_policy_work_on_a_learners_model(runs_root, learner_model):
+    """The tuner profiles, calibrates on and confirms a learner's model (its confirmed run
+    trains like the sequential model of its own configuration); the micro-batch policy looks at
+    the measured costs of that model and whatever count it picks, the losses stay the static
+    job's (the same 32 samples per step, a per-sample mean loss)."""
+    from utils import MicroBatchPolicy, autotune
+
+    spec = JobSpec(model=learner_model, num_stages=2, micro_batches=4, micro_batch_size=8, steps=2, device="cpu",
+                   timeout=240)
+    tuning = autotune(spec, schedules=("1f1b",), confirm=1, steps=2)
+    assert tuning.baseline.run.ok and tuning.baseline.run.spec.model == learner_model
+    assert tuning.candidates and all(c.num_stages == 2 for c in tuning.candidates)
+    for confirmed in tuning.confirmed:
+        run = confirmed.run
+        assert run.ok and run.spec.model == learner_model and run.spec.global_batch == spec.global_batch
+        assert run.losses == pytest.approx(train_sequential(run.spec), rel=1e-5, abs=1e-7)
+    print(tuning)  # measured step times and prediction errors: observations
+
+    fields = dict(num_stages=2, micro_batches=4, micro_batch_size=8, steps=5, device="cpu", timeout=240)
+    static = JobSpec(model=learner_model, **fields, name="learner-static")
+    policy = JobSpec(model=learner_model, **fields, name="learner-policy",
+                     micro_batch_policy=MicroBatchPolicy(memory_samples=32, every=2, min_gain=0.0, overhead_samples=4.0))
+    run = run_job(policy, progress=False)
+    decisions = run.micro_batch_decisions
+    assert run.ok and [d.step for d in decisions] == [2, 4]
+    for d in decisions:  # each look picks the fastest count of its own predictions (min_gain=0)
+        assert d.chosen == min(d.predicted, key=lambda m: (d.predicted[m], m)), (d.step, d.predicted, d.reason)
+    print("micro-batch counts chosen:", [(d.step, d.current, d.chosen) for d in decisions])
+    assert run.losses == pytest.approx(train_sequential(static), rel=1e-5, abs=1e-7)

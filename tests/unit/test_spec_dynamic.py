@@ -75,7 +75,8 @@ def test_a_warm_up_adds_deepspeeds_scheduler():
     ({"batching": "sorted", "lengths": [0, 8]}, r"lengths"),
     ({"lengths": [8]}, r"lengths only apply to variable-length batching"),
     ({"batching": "bucketed"}, r"unknown batching 'bucketed'"),
-    ({"batching": "sorted", "model": "mlp"}, r"need a language model preset"),
+    ({"batching": "sorted", "model": "mlp"}, r"language-model presets .*keep batching='fixed'; micro_batches_at and "
+                                             r"micro_batch_policy re-cut any model's samples"),
     ({"micro_batches_at": {2: 3}}, r"micro_batches_at\[2\]=3 does not divide the 16 samples"),
     ({"micro_batches_at": {9: 2}}, r"micro_batches_at: step 9 is outside"),
     ({"batching": "token-budget", "token_budget": 128, "micro_batches_at": {2: 2}}, r"drop micro_batches_at"),
@@ -102,3 +103,44 @@ def test_micro_batch_policy_is_checked_and_recorded():
         JobSpec(**BASE, micro_batch_policy=MicroBatchPolicy(memory_samples=16), micro_batches_at={2: 2}).check()
     with pytest.raises(TypeError, match="micro_batch_policy must be"):
         JobSpec(**BASE, micro_batch_policy={"memory_samples": 4}).check()
+    with pytest.raises(ValueError, match="overhead_samples must be a number >= 0"):
+        JobSpec(**BASE, micro_batch_policy=MicroBatchPolicy(memory_samples=16, overhead_samples=-1)).check()
+
+
+def test_a_model_without_token_samples_re_cuts_its_own_but_needs_the_policys_fixed_cost():
+    """mlp (like a learner's model) has no token samples the workbook draws: a varying count
+    re-cuts its own (utils.workloads.recut), and the policy's cost model needs its fixed part."""
+    from utils import MicroBatchPolicy
+
+    fields = {**BASE, "model": "mlp", "micro_batches": 4, "micro_batch_size": 4}
+    JobSpec(**fields, micro_batches_at={2: 2}).check()
+    with pytest.raises(ValueError, match=r"overhead_samples=\.\.\.\) is needed for 'mlp'.*n \(2 t_n - t_2n\)"):
+        JobSpec(**fields, micro_batch_policy=MicroBatchPolicy(memory_samples=16)).check()
+    spec = JobSpec(**fields, micro_batch_policy=MicroBatchPolicy(memory_samples=16, overhead_samples=2.5))
+    spec.check()
+    assert JobSpec.from_dict(json.loads(spec.to_json())).micro_batch_policy.overhead_samples == 2.5
+
+
+def test_re_cut_micro_batches_hold_the_static_streams_samples():
+    import torch
+
+    from utils.workloads.layers import batches
+    from utils.workloads.models import get_model
+    from utils.workloads.recut import RecutBatches
+
+    model = get_model("mlp", {})
+    static = batches(model, seed=3, micro_batch_size=4, replica=1)
+    recut = RecutBatches(model, seed=3, replica=1, micro_batch_size=4, micro_batches=4)
+    for step, m in enumerate((4, 2, 8, 1)):
+        expected = [next(static) for _ in range(4)]
+        recut.micro_batches = m
+        assert recut.begin_step(step) == m and recut.plan.micro_batches == m
+        got = [next(recut) for _ in range(m)]
+        assert all(len(x) == 16 // m for x, _ in got)
+        for part in (0, 1):
+            assert torch.equal(torch.cat([e[part] for e in expected]), torch.cat([g[part] for g in got]))
+        with pytest.raises(RuntimeError, match="more micro-batches than it was cut into"):
+            next(recut)
+    recut.micro_batches = 3
+    with pytest.raises(ValueError, match="3 micro-batches do not divide the step's 16 samples"):
+        recut.begin_step(4)

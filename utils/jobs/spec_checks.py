@@ -11,6 +11,7 @@ from typing import Literal, get_args
 from utils import validation
 from utils.planning.microbatching import BATCHING_METHODS, MICRO_BATCH_ORDERS, MicroBatchPolicy, in_flight_samples
 from utils.planning.rebalance import Rebalance
+from utils.workloads.presets import draws_token_samples
 
 RepartitionMode = Literal["live", "restart"]
 """How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
@@ -91,9 +92,12 @@ def check_batching(spec) -> None:
     if spec.micro_batch_order != "as-planned" and not varlen:
         raise ValueError("micro_batch_order reorders variable-length micro-batches: set batching= too")
     longest = spec.shape.seq_len
-    if (varlen or spec.micro_batches_at) and longest is None:
-        raise ValueError(f"batching={spec.batching!r} and micro_batches_at need a language model preset "
-                         f"('gpt', 'gpt-large'), not {spec.model!r}")
+    tokens_drawn = draws_token_samples(spec.model, longest)
+    if varlen and not tokens_drawn:
+        raise ValueError(f"batching={spec.batching!r} draws variable-length token samples of the workbook's "
+                         f"language-model presets ('gpt', 'gpt-large'), not of {spec.model!r}, whose samples its "
+                         "make_batch draws: keep batching='fixed'; micro_batches_at and micro_batch_policy re-cut "
+                         "any model's samples into another micro-batch count")
     if spec.lengths is not None:
         if not varlen:
             raise ValueError("lengths only apply to variable-length batching: set batching='pad-to-max', "
@@ -129,6 +133,11 @@ def check_batching(spec) -> None:
         if not isinstance(policy, MicroBatchPolicy):
             raise TypeError(f"micro_batch_policy must be a utils.MicroBatchPolicy(...) or None, got {policy!r}")
         policy.check()
+        if policy.overhead_samples is None and not tokens_drawn:
+            raise ValueError(f"MicroBatchPolicy(overhead_samples=...) is needed for {spec.model!r}: the fixed cost of "
+                             "one micro-batch in samples is measured only for the language-model presets. Time a "
+                             "micro-batch of n and one of 2n samples: overhead_samples = n (2 t_n - t_2n) / "
+                             "(t_2n - t_n)")
         if varlen or spec.micro_batches_at:
             raise ValueError("micro_batch_policy chooses the count of fixed-length micro-batches itself: use it "
                              "without batching= and micro_batches_at")

@@ -99,11 +99,11 @@ def suggest_partition(run: Run) -> PartitionSuggestion:
     from utils.planning.whatif import predict_from_timeline
 
     measured = run.layer_costs
-    steps = sorted(measured)[1:] or sorted(measured)
+    steps = [s for s in sorted(measured) if s >= 1] or sorted(measured)  # step 0 is warm-up
     n = run.spec.shape.num_layers
     if not steps:
         raise ValueError(f"run {run.name} measured no per-layer costs: record it with utils.record(engine) "
-                         "(layer_costs=True), or run the job with rebalance=utils.Rebalance()")
+                         "(layer_costs=True; it times the layers from step 1 on), or run the job with rebalance=utils.Rebalance()")
     timed = set.intersection(*(set(measured[s]) for s in steps))
     # A layer that is a plain function (PipelineModule runs callables too) is no module: no hook times it.
     untimed = tuple(i for i in range(n) if i not in timed)

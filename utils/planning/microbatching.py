@@ -165,6 +165,12 @@ class MicroBatchPolicy:
     """Look before every step that is a multiple of `every` (not step 0)."""
     min_gain: float = 0.03
     """Change only for a predicted saving of at least this share of the step (noise)."""
+    overhead_samples: float | None = None
+    """The cost model's fixed part: what one micro-batch costs a stage whatever its size, in
+    samples (``t(n) = k (overhead_samples + n)``). None: the workbook's language-model presets'
+    fixed cost measured on the CPU VM (`utils.workloads.varlen.OVERHEAD_TOKENS` / ``seq_len``);
+    a model of your own must give it — time one micro-batch of n and one of 2n samples, then
+    ``overhead_samples = n (2 t_n - t_2n) / (t_2n - t_n)``."""
 
     def check(self) -> None:
         for name in ("memory_samples", "every"):
@@ -173,9 +179,13 @@ class MicroBatchPolicy:
                 raise ValueError(f"MicroBatchPolicy.{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.min_gain, (int, float)) or not 0 <= self.min_gain < 1:
             raise ValueError(f"MicroBatchPolicy.min_gain must be in [0, 1), got {self.min_gain!r}")
+        fixed = self.overhead_samples
+        if fixed is not None and (isinstance(fixed, bool) or not isinstance(fixed, (int, float)) or not fixed >= 0):
+            raise ValueError(f"MicroBatchPolicy.overhead_samples must be a number >= 0 (samples) or None, got {fixed!r}")
 
     def to_dict(self) -> dict:
-        return {"memory_samples": self.memory_samples, "every": self.every, "min_gain": self.min_gain}
+        return {"memory_samples": self.memory_samples, "every": self.every, "min_gain": self.min_gain,
+                "overhead_samples": self.overhead_samples}
 
     @classmethod
     def from_dict(cls, data) -> MicroBatchPolicy:

@@ -27,7 +27,7 @@ from utils.planning.microbatching import MicroBatchDecision, choose_micro_batche
 from utils.planning.rebalance import Decision, LayerCosts, decide, estimate_migration_seconds, moved_layers
 from utils.runtime.migrate import repartition_live
 from utils.timeline import Event
-from utils.workloads.varlen import OVERHEAD_TOKENS
+from utils.workloads.varlen import policy_overhead
 
 ASSUMED_BYTES_PER_SECOND = {"cpu": 1e9, "cuda": 1e10}
 """How fast moved state is assumed to travel before a migration was measured: a first guess
@@ -132,7 +132,7 @@ class MicroBatching:
                     step=step, samples=state.spec.micro_batch_size * state.spec.micro_batches, num_stages=p,
                     schedule=state.spec.schedule, current=self.count, observed=observed,
                     measured_step_seconds=median(seconds), policy=self.policy,
-                    overhead_samples=OVERHEAD_TOKENS / state.model.seq_len)
+                    overhead_samples=policy_overhead(self.policy, state.model.seq_len))
             else:
                 decision = MicroBatchDecision.too_few_measurements(step, self.count)
             state.run_dir.record_decision(decision.to_dict())

@@ -156,6 +156,15 @@ def is_import_path(model: object) -> bool:
     return isinstance(model, str) and ":" in model and not model.startswith(MISTAKE_PREFIX)
 
 
+def draws_token_samples(preset: str, seq_len: int | None) -> bool:
+    """Whether the workbook draws this model's variable-length token samples itself
+    (`utils.workloads.varlen`): its own language-model presets, whose loss takes the per-token
+    scale. Any other model — a learner's, ``mlp``, ``seed-case`` — trains on the samples its
+    ``make_batch`` draws, which a job can re-cut into another micro-batch count
+    (`utils.workloads.recut`) but not shorten or pad."""
+    return seq_len is not None and not is_import_path(preset)
+
+
 _CUSTOM_SHAPES: dict[tuple[str, str], ModelShape] = {}
 """A learner's model's shape per (import path, options), so `JobSpec.shape` loads it once."""
 

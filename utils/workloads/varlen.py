@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from utils.planning.microbatching import MicroBatchCost, MicroBatchPlan, plan_micro_batches, reorder
+from utils.workloads.presets import draws_token_samples
+from utils.workloads.recut import RecutBatches
 
 PAD_LABEL = -100
 MIN_LENGTH = 4
@@ -130,8 +132,22 @@ def default_cost(model) -> MicroBatchCost:
     return MicroBatchCost(overhead=float(OVERHEAD_TOKENS), per_token=1.0, per_token_pair=4.0 / (24.0 * hidden))
 
 
-def batches_for(spec, model, *, replica: int) -> VarlenBatches:
-    """The variable-length (or re-cut) micro-batches `spec` trains on, for one replica."""
+def policy_overhead(policy, seq_len: int | None) -> float:
+    """A `MicroBatchPolicy`'s fixed cost per micro-batch in samples: its own
+    ``overhead_samples``, else `OVERHEAD_TOKENS` / ``seq_len`` (the language-model presets; the
+    spec check refuses a policy without it on any other model)."""
+    if policy.overhead_samples is not None:
+        return float(policy.overhead_samples)
+    return OVERHEAD_TOKENS / seq_len
+
+
+def batches_for(spec, model, *, replica: int) -> VarlenBatches | RecutBatches:
+    """The variable-length (or re-cut) micro-batches `spec` trains on, for one replica: token
+    samples the workbook draws for its language-model presets, the model's own samples re-cut
+    (`utils.workloads.recut`) for any other model."""
+    if not draws_token_samples(model.preset, model.seq_len):
+        return RecutBatches(model, seed=spec.seed, replica=replica, micro_batch_size=spec.micro_batch_size,
+                            micro_batches=spec.micro_batches)
     return VarlenBatches(vocab=model.options["vocab"], seq_len=model.seq_len, seed=spec.seed, replica=replica,
                          samples=spec.micro_batch_size * spec.micro_batches, micro_batches=spec.micro_batches,
                          method=spec.batching, num_stages=spec.num_stages, cost=default_cost(model),
