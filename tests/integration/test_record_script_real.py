@@ -111,6 +111,7 @@ def test_deepspeeds_own_example_records_what_it_did(tmp_path, runs_root):
     figure = utils.plot_timeline(timeline)
     assert {t.name for t in figure.data if t.type == "bar"} >= {"forward", "backward"}
     assert set(run.peak_memory) == {0, 1}
+    assert {r: (p["node"], p["local_rank"]) for r, p in run.placement.items()} == {0: (0, 0), 1: (0, 1)}
     suggestion = utils.suggest_partition(run)  # from the layer costs the script's own ranks measured
     print(suggestion)
     assert suggestion.current == tuple(run.parts) and set(suggestion.candidates) == {
@@ -154,3 +155,33 @@ def test_a_script_that_raises_is_recorded_as_failed_and_diagnosed(tmp_path, runs
     d = utils.diagnose(run)
     assert d.kind == "failed" and d.primary.where.rank == 1, d
     print(d)
+
+
+def test_a_script_on_two_nodes_records_into_one_directory(tmp_path, runs_root):
+    """Two torchrun agents with a c10d rendezvous are two nodes (one rank each) on this machine,
+    whose filesystem both see, as a shared one would be: rank 0 picks the run directory, both
+    ranks record into it, and each rank's node is the one torchrun gave it."""
+    _script(tmp_path)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+           "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path),
+           "TORCH_EXTENSIONS_DIR": str(extensions_dir()), "PATH": ranks_path(os.environ["PATH"]),
+           "WORKBOOK_RUNS": str(runs_root)}
+    before = {run.path for run in list_runs(runs_root)}
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "train.py", "--deepspeed_config=ds_config.json",
+         "-p", "2", "--steps=2", "--backend", "gloo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    try:
+        outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    [path] = [run.path for run in list_runs(runs_root) if run.path not in before]
+    run = Run.load(path)
+    assert run.ok and run.spec.num_stages == 2 and run.nodes == {0: 0, 1: 1}
+    printed = [float(x) for x in re.findall(r"steps: \d+ loss: ([\d.]+) iter time", "".join(outputs))]
+    assert printed == [round(loss, 4) for loss in run.losses] and len(printed) == 2
+    assert sorted({e.rank for e in run.timeline.events}) == [0, 1]

@@ -114,7 +114,8 @@ def waits_for(rank: int, instruction: str | None, *, num_stages: int, data_paral
 # --- failed ------------------------------------------------------------------------------------------
 def _failed(run: Run) -> tuple[str, list[Symptom]]:
     if run.state in ("stopped", "incomplete"):
-        why = {"stopped": "it was stopped before it ended", "incomplete": "its launcher vanished before it ended"}
+        why = {"stopped": "it was stopped before it ended", "incomplete": "its launcher vanished before it ended" if run.plan.get(
+            "launcher") != "script" else "the script (no launcher watched it: no exit codes, no stacks) is still running, or was killed"}
         return why[run.state], [Symptom(
             code=run.state, severity="info", what=f"the job did not fail: {why[run.state]}",
             evidence={"error": (run.error or "")[:240]}, cause=run.error or why[run.state],

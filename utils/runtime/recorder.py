@@ -76,6 +76,7 @@ class Recorder:
         import torch.distributed as dist
 
         from utils.runtime.layercost import LayerCostMeter
+        from utils.runtime.lifecycle import record_placement
         from utils.runtime.memory import MemoryMeter
         from utils.runtime.tracing import CudaClock, HostClock, InstructionTracer
 
@@ -103,6 +104,7 @@ class Recorder:
                                      "launcher": "script", "nodes": []})
             self.run_dir.write_command(" ".join([sys.executable, *sys.argv]))
         dist.barrier()  # the spec exists before any rank appends to the directory
+        record_placement(self.run_dir)  # its node and host: a job on several nodes is drawn and linked per node
         clock = CudaClock() if self.device == "cuda" else HostClock()
         self.memory = MemoryMeter(self.device)
         self.meter = LayerCostMeter(CudaClock() if self.device == "cuda" else HostClock()) if layer_costs else None
