@@ -81,6 +81,12 @@ def test_a_warm_up_adds_deepspeeds_scheduler():
     ({"micro_batches_at": {9: 2}}, r"micro_batches_at: step 9 is outside"),
     ({"batching": "token-budget", "token_budget": 128, "micro_batches_at": {2: 2}}, r"drop micro_batches_at"),
     ({"token_budget": 128}, r"token_budget only applies"),
+    ({"batching": "packing"}, r"batching='packing' needs token_budget=\.\.\., the most padded tokens"),
+    ({"batching": "packing", "token_budget": 32, "lengths": [8]}, r"smaller than a packed row \(the model's seq_len\) \(64"),
+    ({"batching": "deepspeed"}, r"batching='deepspeed' needs token_budget=\.\.\., the most real tokens"),
+    ({"batching": "deepspeed", "token_budget": 256, "lr_warmup_steps": 2}, r"drop lr_warmup_steps"),
+    ({"batching": "packing", "token_budget": 128, "micro_batches_at": {2: 2}}, r"packing batching chooses"),
+    ({"dynamic_shape": 1}, r"dynamic_shape must be True or False"),
     ({"loss_per": "sample"}, r"unknown loss_per 'sample'"),
     ({"batching": "sorted", "seq_len_at": {1: 16}}, r"drop one of them"),
     # micro_batches_at draws its own per-step samples too: a curriculum there would be ignored

@@ -170,13 +170,22 @@ class JobSpec:
     batching: Batching = "fixed"
     """How a step's samples become micro-batches (`utils.planning.microbatching`): ``"fixed"``
     (every sample `seq_len` long, no padding) or, with variable-length samples
-    (`utils.workloads.varlen`), ``"pad-to-max"``, ``"sorted"`` or ``"token-budget"``."""
+    (`utils.workloads.varlen`), ``"pad-to-max"``, ``"sorted"``, ``"token-budget"``,
+    ``"packing"`` or DeepSpeed's own dynamic batching, ``"deepspeed"`` (its sample count per
+    step varies and it scales the learning rate; the others keep the global batch)."""
     lengths: Sequence[int] | None = None
     """Variable-length batching: the sample lengths to cycle through; None draws them from
     the long-tailed default (log-normal, see `utils.workloads.varlen`)."""
     token_budget: int | None = None
-    """``"token-budget"`` batching: the most padded tokens one micro-batch may hold (a memory
-    cap); at least the longest sample."""
+    """The activation-memory cap of ``"token-budget"`` and ``"packing"`` batching: the most
+    padded tokens one micro-batch may hold (at least the longest sample; for packing a row, the
+    model's ``seq_len``). For ``"deepspeed"`` it is DeepSpeed's ``max_tokens``, which counts
+    real tokens only: its micro-batches, padded to the step's longest sample, can hold more."""
+    dynamic_shape: bool = False
+    """Build ``PipelineModule(dynamic_shape=True)`` even where every micro-batch of a step has
+    one shape (fixed, pad-to-max, packing, deepspeed, a new count): one metadata message per
+    micro-batch and boundary instead of one per shape change (``reset_activation_shape()``,
+    chapter 19). Sorted and token-budget batching always need it."""
     loss_per: LossNormalisation = "token"
     """``"token"``: the loss is the mean over the real tokens of the whole batch, whatever the
     micro-batches; ``"micro-batch"``: the mean inside each micro-batch, averaged (the naive

@@ -13,6 +13,9 @@ from utils.planning.microbatching import BATCHING_METHODS, MICRO_BATCH_ORDERS, M
 from utils.planning.rebalance import Rebalance
 from utils.workloads.presets import draws_token_samples
 
+BUDGETED = ("token-budget", "packing", "deepspeed")
+"""The batching methods whose micro-batches a token cap bounds (`JobSpec.token_budget`)."""
+
 RepartitionMode = Literal["live", "restart"]
 """How a job changes its partition while it trains (`JobSpec.repartition_mode`)."""
 OptimizerCarry = Literal["remap", "drop", "deepspeed"]
@@ -100,8 +103,8 @@ def check_batching(spec) -> None:
                          "any model's samples into another micro-batch count")
     if spec.lengths is not None:
         if not varlen:
-            raise ValueError("lengths only apply to variable-length batching: set batching='pad-to-max', "
-                             "'sorted' or 'token-budget'")
+            raise ValueError(f"lengths only apply to variable-length batching: set batching= one of "
+                             f"{BATCHING_METHODS[1:]}")
         if not is_sequence(spec.lengths) or not spec.lengths:
             raise ValueError(f"lengths must be a non-empty list of sample lengths, got {spec.lengths!r}")
         for length in spec.lengths:
@@ -113,20 +116,27 @@ def check_batching(spec) -> None:
         raise ValueError("seq_len_at shortens the samples of the fixed stream; batching=, micro_batches_at and "
                          "micro_batch_policy draw each step's samples themselves (whose lengths seq_len_at would "
                          "not reach): drop one of them")
-    if spec.batching == "token-budget":
+    if spec.batching in BUDGETED:
         if spec.token_budget is None:
-            raise ValueError("batching='token-budget' needs token_budget=..., the most padded tokens a "
-                             "micro-batch may hold")
+            raise ValueError(f"batching={spec.batching!r} needs token_budget=..., the most "
+                             f"{'real ' if spec.batching == 'deepspeed' else 'padded '}tokens a micro-batch may hold")
         count("token_budget", spec.token_budget)
-        needed = max(spec.lengths) if spec.lengths else longest
+        needed = longest if spec.batching == "packing" else max(spec.lengths) if spec.lengths else longest
         if spec.token_budget < needed:
-            raise ValueError(f"token_budget={spec.token_budget} is smaller than the longest sample "
-                             f"({needed} tokens{'' if spec.lengths else ', the model seq_len the default lengths reach'}): "
-                             f"no micro-batch could hold it; use token_budget >= {needed}")
+            what = ("a packed row (the model's seq_len) ({needed} tokens)" if spec.batching == "packing" else
+                    "the longest sample ({needed} tokens" + ("" if spec.lengths else
+                                                             ", the model seq_len the default lengths reach") + ")")
+            raise ValueError(f"token_budget={spec.token_budget} is smaller than {what.format(needed=needed)}: no "
+                             f"micro-batch could hold it; use token_budget >= {needed}")
         if spec.micro_batches_at:
-            raise ValueError("token-budget batching chooses the micro-batch count itself: drop micro_batches_at")
+            raise ValueError(f"{spec.batching} batching chooses the micro-batches itself: drop micro_batches_at")
     elif spec.token_budget is not None:
-        raise ValueError("token_budget only applies to batching='token-budget'")
+        raise ValueError(f"token_budget only applies to batching= one of {BUDGETED}")
+    if spec.batching == "deepspeed" and spec.lr_warmup_steps:
+        raise ValueError("batching='deepspeed' sets each step's learning rate itself (DeepSpeed's scale_lr of the "
+                         "step's sample count): drop lr_warmup_steps")
+    if not isinstance(spec.dynamic_shape, bool):
+        raise TypeError(f"dynamic_shape must be True or False, got {spec.dynamic_shape!r}")
     samples = spec.micro_batch_size * spec.micro_batches
     policy = spec.micro_batch_policy
     if policy is not None:

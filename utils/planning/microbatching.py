@@ -16,7 +16,18 @@ which a pipeline turns into bubbles. Three methods (`JobSpec.batching`):
   micro-batch j. The search is exact for that model over contiguous groupings of the sorted
   samples: for every candidate bottleneck ``M`` (each possible group's cost) a dynamic
   programme finds the least ``sum c_j`` with every ``c_j <= M``; the best ``sum + (p-1) M``
-  wins. O(n^2) candidates × O(n^2) each, for n samples per step (n <= 256 is checked).
+  wins. O(n^2) candidates × O(n^2) each, for n samples per step (n <= 256 is checked);
+- ``"packing"``: the production baseline. The samples, longest first, go into rows of exactly
+  ``seq_len`` tokens, each into the first row with room (first-fit decreasing); a sample is
+  never split. The rows are cut into the fewest micro-batches of at most `token_budget` tokens,
+  equal in rows (a short last one is filled with empty rows: padding). Inside a row a
+  block-diagonal causal mask keeps every token to its own sample and positions restart per
+  sample (`utils.workloads.layers`), so each sample computes what it computes alone; the
+  attention over the whole row is still computed and masked — the waste `masked_pairs` counts.
+
+DeepSpeed's own dynamic batching (``"deepspeed"``) decides how many samples a step takes, not
+only how to cut them, so it is planned over the sample stream, not per step
+(`deepspeed_batches`, calling DeepSpeed's ``batch_by_seqlens``).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from utils.planning.simulator import simulate
 MicroBatchOrder = Literal["as-planned", "longest-first", "shortest-first", "random"]
 """The order a step's micro-batches enter the pipeline (`reorder`)."""
 MICRO_BATCH_ORDERS: tuple[str, ...] = get_args(MicroBatchOrder)
-Batching = Literal["fixed", "pad-to-max", "sorted", "token-budget"]
+Batching = Literal["fixed", "pad-to-max", "sorted", "token-budget", "packing", "deepspeed"]
 """``"fixed"``: every sample has the model's full length (no padding; the default)."""
 BATCHING_METHODS: tuple[str, ...] = get_args(Batching)
 MAX_SAMPLES_PER_STEP = 256
@@ -61,23 +72,43 @@ class MicroBatchPlan:
 
     groups: tuple[tuple[int, ...], ...]
     padded: tuple[int, ...]
+    rows: tuple[tuple[tuple[int, ...], ...], ...] | None = None
+    """Packing only: per micro-batch, the samples of each row (``padded`` is the row length;
+    an empty tuple is a row of padding)."""
 
     @property
     def micro_batches(self) -> int:
         return len(self.groups)
 
+    def shapes(self) -> list[tuple[int, int]]:
+        """Each micro-batch's activation shape ``(rows, tokens per row)``: one row per sample,
+        or the packed rows."""
+        counts = [len(r) for r in self.rows] if self.rows is not None else [len(g) for g in self.groups]
+        return list(zip(counts, self.padded))
+
     def padded_tokens(self) -> int:
-        return sum(len(g) * length for g, length in zip(self.groups, self.padded))
+        return sum(n * length for n, length in self.shapes())
+
+    def masked_pairs(self, lengths: Sequence[int]) -> int:
+        """Attention pairs computed and thrown away by a block-diagonal mask: per packed row of
+        length L, ``L (L + 1) / 2`` causal pairs minus each sample's own ``l (l + 1) / 2``. Zero
+        without packing (a padded row's pads are counted as padding, not here)."""
+        if self.rows is None:
+            return 0
+        return sum(length * (length + 1) // 2 - sum(lengths[i] * (lengths[i] + 1) // 2 for i in row)
+                   for rows, length in zip(self.rows, self.padded) for row in rows)
 
     def predicted_step(self, cost: MicroBatchCost, num_stages: int) -> float:
         """``sum c_j + (p - 1) max c_j`` (see the module docstring)."""
-        costs = [cost(len(g), length) for g, length in zip(self.groups, self.padded)]
+        costs = [cost(n, length) for n, length in self.shapes()]
         return sum(costs) + (num_stages - 1) * max(costs)
 
 
 def plan_micro_batches(lengths: Sequence[int], *, method: str, micro_batches: int, num_stages: int,
-                       cost: MicroBatchCost | None = None, token_budget: int | None = None) -> MicroBatchPlan:
-    """Cut the samples of one step (their `lengths`) into micro-batches by `method`."""
+                       cost: MicroBatchCost | None = None, token_budget: int | None = None,
+                       row_length: int | None = None) -> MicroBatchPlan:
+    """Cut the samples of one step (their `lengths`) into micro-batches by `method`
+    (`row_length`: packing's row, the model's ``seq_len``)."""
     n = len(lengths)
     if n == 0:
         raise ValueError("an empty batch: a step needs at least one sample")
@@ -92,8 +123,13 @@ def plan_micro_batches(lengths: Sequence[int], *, method: str, micro_batches: in
         longest = max(lengths)
         padded = tuple(longest if method != "sorted" else max(lengths[i] for i in g) for g in groups)
         return MicroBatchPlan(groups, padded)
+    if method == "packing":
+        if row_length is None or token_budget is None:
+            raise ValueError("packing needs row_length (the model's seq_len) and token_budget")
+        return pack(lengths, row_length=row_length, token_budget=token_budget)
     if method != "token-budget":
-        raise ValueError(f"unknown batching {method!r}; choose one of {BATCHING_METHODS}")
+        raise ValueError(f"unknown batching {method!r}; choose one of {BATCHING_METHODS} "
+                         "('deepspeed' plans over the sample stream: deepspeed_batches)")
     if cost is None or token_budget is None:
         raise ValueError("token-budget batching needs a cost model and a token_budget")
     if max(lengths) > token_budget:
@@ -129,6 +165,63 @@ def plan_micro_batches(lengths: Sequence[int], *, method: str, micro_batches: in
     return MicroBatchPlan(groups, tuple(sorted_lengths[j - 1] for _, j in best_cuts))
 
 
+def pack(lengths: Sequence[int], *, row_length: int, token_budget: int) -> MicroBatchPlan:
+    """Packing (see the module docstring): first-fit decreasing into rows of `row_length`
+    tokens, the rows cut into the fewest equal micro-batches of at most `token_budget` tokens."""
+    if max(lengths) > row_length:
+        raise ValueError(f"a sample of {max(lengths)} tokens does not fit a row of {row_length}")
+    if token_budget < row_length:
+        raise ValueError(f"token_budget={token_budget} holds no packed row of {row_length} tokens: "
+                         f"use token_budget >= {row_length}")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        slot = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
+        if slot is None:
+            rows.append([]), room.append(row_length)
+            slot = len(rows) - 1
+        rows[slot].append(i)
+        room[slot] -= lengths[i]
+    most = token_budget // row_length
+    m = -(-len(rows) // most)
+    per = -(-len(rows) // m)
+    cut = [tuple(tuple(r) for r in rows[j * per:(j + 1) * per]) for j in range(m)]
+    cut = [c + ((),) * (per - len(c)) for c in cut]  # equal shapes: a short last one gets empty rows
+    return MicroBatchPlan(tuple(tuple(i for row in c for i in row) for c in cut), (row_length,) * m, tuple(cut))
+
+
+def deepspeed_batches(lengths: Sequence[int], *, micro_batches: int, max_tokens: int
+                      ) -> tuple[list[MicroBatchPlan], list[int]]:
+    """DeepSpeed's own dynamic batching over a stream of samples (their `lengths`, indices into
+    the stream), through its own ``batch_by_seqlens`` with the settings its
+    ``get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed`` uses for a
+    ``PipelineEngine``: samples in stream order, `micro_batches` micro-batches per step of the
+    same sample count (``required_microbatches_of_same_size``), each holding at most
+    `max_tokens` *real* tokens, and every micro-batch of a step padded to that step's longest
+    sample (``required_microbatches_of_same_seqlen``). The number of samples per step varies;
+    DeepSpeed scales the learning rate with it (`deepspeed_lr`).
+
+    Returns one plan per step (sample indices into the stream) and each step's sample count.
+    """
+    from deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import batch_by_seqlens
+
+    ids, sizes, longest = batch_by_seqlens(list(lengths), max_tokens, effective_batch_size=micro_batches,
+                                           required_microbatches_of_same_size=True)
+    plans = []
+    for step in range(len(sizes)):
+        groups = tuple(tuple(samples) for _, samples in ids[step * micro_batches:(step + 1) * micro_batches])
+        plans.append(MicroBatchPlan(groups, (longest[step],) * micro_batches))
+    return plans, list(sizes)
+
+
+def deepspeed_lr(base_lr: float, *, base_samples: int, samples: int) -> float:
+    """The learning rate DeepSpeed's dynamic batching trains a step of `samples` samples with:
+    its ``scale_lr`` (linear, its default: Goyal et al. 2017) from `base_lr` at `base_samples`."""
+    from deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import scale_lr
+
+    return scale_lr(base_samples, samples, base_lr=base_lr, method="linear")
+
+
 def reorder(plan: MicroBatchPlan, order: str, *, cost: MicroBatchCost, seed: int = 0) -> MicroBatchPlan:
     """`plan` with its micro-batches in `order`: ``"as-planned"`` (as cut: sorted ascending for
     ``sorted`` and ``token-budget``), ``"longest-first"`` / ``"shortest-first"`` by predicted
@@ -139,7 +232,7 @@ def reorder(plan: MicroBatchPlan, order: str, *, cost: MicroBatchCost, seed: int
     if order not in MICRO_BATCH_ORDERS:
         raise ValueError(f"unknown micro-batch order {order!r}; choose one of {MICRO_BATCH_ORDERS}")
     index = list(range(plan.micro_batches))
-    costs = [cost(len(g), length) for g, length in zip(plan.groups, plan.padded)]
+    costs = [cost(n, length) for n, length in plan.shapes()]
     if order == "longest-first":
         index.sort(key=lambda j: -costs[j])
     elif order == "shortest-first":
@@ -148,7 +241,8 @@ def reorder(plan: MicroBatchPlan, order: str, *, cost: MicroBatchCost, seed: int
         import random
 
         random.Random(seed).shuffle(index)
-    return MicroBatchPlan(tuple(plan.groups[j] for j in index), tuple(plan.padded[j] for j in index))
+    return MicroBatchPlan(tuple(plan.groups[j] for j in index), tuple(plan.padded[j] for j in index),
+                          None if plan.rows is None else tuple(plan.rows[j] for j in index))
 
 
 # --- choosing the micro-batch count while a job runs --------------------------------------------

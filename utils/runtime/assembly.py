@@ -35,6 +35,15 @@ def _varies(spec: JobSpec) -> bool:
     return spec.batching != "fixed" or bool(spec.micro_batches_at) or spec.micro_batch_policy is not None
 
 
+def shapes_vary_in_a_step(spec: JobSpec) -> bool:
+    """Whether one step's micro-batches may differ in shape: sorted and token-budget batching
+    pad each to its own longest sample. DeepSpeed then needs ``dynamic_shape=True``: a metadata
+    message before every micro-batch on every boundary. Every other way keeps one shape per step,
+    and `utils.runtime.dynamic.MicroBatching` calls ``reset_activation_shape()`` before a step
+    whose shape changed instead (``JobSpec(dynamic_shape=True)`` forces the former)."""
+    return spec.batching in ("sorted", "token-budget") or spec.dynamic_shape
+
+
 def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
     """The `PipelineModule` for `spec`, split at `boundaries`.
 
@@ -54,7 +63,7 @@ def build_module(spec: JobSpec, model, boundaries: Sequence[int]):
 
     return FixedPartitionModule(layers=model.layer_specs(), num_stages=spec.num_stages,
                                 loss_fn=model.loss_fn, seed_layers=True, base_seed=spec.seed,
-                                seed_fn=seed_layer, dynamic_shape=_varies(spec),
+                                seed_fn=seed_layer, dynamic_shape=shapes_vary_in_a_step(spec),
                                 activation_checkpoint_interval=spec.activation_checkpoint_interval,
                                 # DeepSpeed's default (re-entrant) checkpoint gives stage 0 outputs without a
                                 # grad_fn (token ids need no gradient; PipelineModule exempts only its own GPT

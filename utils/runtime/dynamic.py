@@ -23,9 +23,10 @@ from statistics import median
 import torch.distributed as dist
 
 from utils.jobs.rundir import PartitionChange
-from utils.planning.microbatching import MicroBatchDecision, choose_micro_batches
+from utils.planning.microbatching import MicroBatchDecision, choose_micro_batches, deepspeed_lr
 from utils.planning.rebalance import Decision, LayerCosts, decide, estimate_migration_seconds, moved_layers
-from utils.runtime.migrate import repartition_live
+from utils.runtime.assembly import shapes_vary_in_a_step
+from utils.runtime.migrate import repartition_live, torch_optimizer
 from utils.timeline import Event
 from utils.workloads.varlen import policy_overhead
 
@@ -80,6 +81,7 @@ class MicroBatching:
         self.step_seconds: dict[int, list[float]] = {}  # count -> measured step seconds
         self._engine = None
         self._warming = True  # the first step, and the first at a new count, warm up: not measured
+        self._shape: tuple | None = None  # (the engine's id, the last step's micro-batch shape)
 
     def before_step(self, state, step: int) -> None:
         spec = state.spec
@@ -92,12 +94,25 @@ class MicroBatching:
         changes = [m for at, m in sorted(spec.micro_batches_at.items()) if at <= step]
         state.data.micro_batches = changes[-1] if changes else self.count
         count = state.data.begin_step(step)
+        plan, lengths = state.data.plan, state.data.step_lengths
+        shape = plan.shapes()[0]
+        if not shapes_vary_in_a_step(spec) and self._shape is not None and self._shape != (id(state.engine), shape):
+            # One shape per step, another than the last step's: every rank resets before the same step, so each
+            # boundary exchanges one metadata message now instead of one per micro-batch (dynamic_shape=True).
+            state.engine.reset_activation_shape()
+        self._shape = (id(state.engine), shape)  # a new engine starts with its shapes unknown: no reset needed
+        record = {"step": step, "samples": [len(g) for g in plan.groups],
+                  "real": [sum(lengths[i] for i in g) for g in plan.groups],
+                  "padded": [n * length for n, length in plan.shapes()]}
+        if plan.rows is not None:
+            record["masked_pairs"] = plan.masked_pairs(lengths)
+        if spec.batching == "deepspeed":  # DeepSpeed's scale_lr of this step's sample count
+            record["lr"] = deepspeed_lr(spec.lr, base_samples=spec.micro_batch_size * spec.micro_batches,
+                                        samples=state.data.step_samples)
+            for group in torch_optimizer(state.engine).param_groups:
+                group["lr"] = record["lr"]
         if state.rank == 0:
-            plan, lengths = state.data.plan, state.data.step_lengths
-            state.run_dir.record_micro_batches({
-                "step": step, "samples": [len(g) for g in plan.groups],
-                "real": [sum(lengths[i] for i in g) for g in plan.groups],
-                "padded": [len(g) * padded for g, padded in zip(plan.groups, plan.padded)]})
+            state.run_dir.record_micro_batches(record)
         if count != state.engine.micro_batches:
             state.engine.set_train_batch_size(count * spec.micro_batch_size * spec.data_parallel)
 

@@ -37,14 +37,21 @@ class _SkipInit(TorchFunctionMode):
 
 # --- layers --------------------------------------------------------------------------------
 class Embedding(nn.Module):
-    """Token plus learned position embedding: ids [b, L] -> hidden [b, L, d]."""
+    """Token plus learned position embedding: ids [b, L] -> hidden [b, L, d].
+
+    Packed rows (``batching="packing"``) come as ``(ids, segments, positions)``: each token's
+    position inside its own sample, and its segment, which goes on with the hidden states,
+    ``(hidden, segments)``, so that every block masks attention across samples."""
 
     def __init__(self, vocab: int, hidden: int, seq_len: int):
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Embedding(seq_len, hidden)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids):
+        if isinstance(ids, tuple):
+            ids, segments, positions = ids
+            return self.tokens(ids) + self.positions(positions), segments
         pos = torch.arange(ids.shape[1], device=ids.device)
         return self.tokens(ids) + self.positions(pos)
 
@@ -63,13 +70,22 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x):
+        segments = None
+        if isinstance(x, tuple):  # packed rows: (hidden, segments), see Embedding
+            x, segments = x
         b, length, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (t.view(b, length, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if segments is None:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # block-diagonal causal: a token sees the earlier tokens of its own sample only
+            causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+            mask = causal & (segments[:, :, None] == segments[:, None, :])
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
         x = x + self.proj(attn.transpose(1, 2).reshape(b, length, d))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.mlp(self.ln2(x))
+        return x if segments is None else (x, segments)
 
 
 class LMHead(nn.Module):
@@ -80,7 +96,9 @@ class LMHead(nn.Module):
         self.ln = nn.LayerNorm(hidden)
         self.out = nn.Linear(hidden, vocab, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x) -> torch.Tensor:
+        if isinstance(x, tuple):  # packed rows: (hidden, segments)
+            x = x[0]
         return self.out(self.ln(x))
 
 

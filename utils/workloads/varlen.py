@@ -13,7 +13,12 @@ first stage (inputs) and the last (labels) — and every stage that needs the mi
 computes the same plan without talking to the others, and a restarted job resumes exactly.
 
 Padding is on the right and attention is causal, so a real token never attends to a pad; the
-labels of pads are -100 (ignored). The loss is normalised by the real tokens of the replica's
+labels of pads are -100 (ignored). Packed micro-batches (``batching="packing"``) hold several
+samples per row and come as ``(tokens, segments, positions)``: the segment of each token (its
+sample's place in the row, -1 for a pad) for the block-diagonal mask, and its position inside
+its own sample. Under DeepSpeed's dynamic batching (``"deepspeed"``) the samples a step takes
+are decided over the whole stream (`utils.planning.microbatching.deepspeed_batches`): step k
+trains DeepSpeed's k-th batch, more or fewer samples than the others' fixed count. The loss is normalised by the real tokens of the replica's
 whole batch (`loss_per="token"`): each micro-batch's loss is ``sum of its token losses × m /
 N`` (m micro-batches, N real tokens in the step), and DeepSpeed's 1/m scaling of each
 micro-batch's backward then gives the gradient of the per-token mean — the same for every
@@ -28,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from utils.planning.microbatching import MicroBatchCost, MicroBatchPlan, plan_micro_batches, reorder
+from utils.planning.microbatching import MicroBatchCost, MicroBatchPlan, deepspeed_batches, plan_micro_batches, reorder
 from utils.workloads.presets import draws_token_samples
 from utils.workloads.recut import RecutBatches
 
@@ -58,16 +63,21 @@ class VarlenBatches:
     def __init__(self, *, vocab: int, seq_len: int, seed: int, replica: int, samples: int, micro_batches: int,
                  method: str, num_stages: int, cost: MicroBatchCost | None, token_budget: int | None = None,
                  lengths: Sequence[int] | None = None, loss_per: str = "token", order: str = "as-planned",
-                 active: int = 256):
+                 active: int = 256, steps: int = 0):
         self.vocab, self.seq_len, self.seed, self.replica = vocab, seq_len, seed, replica
         self.samples, self.micro_batches, self.method = samples, micro_batches, method
         self.num_stages, self.cost, self.token_budget = num_stages, cost, token_budget
         self.lengths, self.loss_per, self.order, self.active = lengths, loss_per, order, min(active, vocab)
+        self.steps = steps
         self.step = -1
         self.plan: MicroBatchPlan | None = None
         self.real_tokens = 0
         self.step_lengths: list[int] = []
-        self._queue: list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
+        self.step_samples = samples
+        """Samples in the current step: `samples`, except under DeepSpeed's dynamic batching."""
+        self._queue: list = []
+        self._stream: tuple[list[MicroBatchPlan], list[int]] | None = None
+        self._drawn: tuple = (None, None)  # the last block of the stream drawn: (step, (lengths, tokens))
 
     def draw(self, step: int) -> tuple[list[int], torch.Tensor]:
         """The step's sample lengths and tokens (each sample one row, its length + 1 long)."""
@@ -80,26 +90,75 @@ class VarlenBatches:
         return lengths, tokens
 
     def begin_step(self, step: int) -> int:
-        lengths, tokens = self.draw(step)
-        plan = plan_micro_batches(lengths, method=self.method, micro_batches=self.micro_batches,
-                                  num_stages=self.num_stages, cost=self.cost, token_budget=self.token_budget)
+        if self.method == "deepspeed":
+            lengths, tokens, plan = self._deepspeed_step(step)
+        else:
+            lengths, tokens = self.draw(step)
+            plan = plan_micro_batches(lengths, method=self.method, micro_batches=self.micro_batches,
+                                      num_stages=self.num_stages, cost=self.cost, token_budget=self.token_budget,
+                                      row_length=self.seq_len)
         if self.order != "as-planned":
             plan = reorder(plan, self.order, cost=self.cost, seed=self.seed * 100_003 + step)
         self.step, self.plan, self.real_tokens, self.step_lengths = step, plan, sum(lengths), lengths
+        self.step_samples = len(lengths)
         m = plan.micro_batches
-        self._queue = []
-        for group, padded in zip(plan.groups, plan.padded):
-            inputs = torch.zeros(len(group), padded, dtype=torch.long)
-            labels = torch.full((len(group), padded), PAD_LABEL, dtype=torch.long)
-            for row, sample in enumerate(group):
-                length = lengths[sample]
-                inputs[row, :length] = tokens[sample, :length]
-                labels[row, :length] = tokens[sample, 1:length + 1]
-            real = sum(lengths[s] for s in group)
-            scale = m / self.real_tokens if self.loss_per == "token" else 1.0 / real
-            self._queue.append((inputs, (labels, torch.tensor(scale, dtype=torch.float32))))
-        self._queue.reverse()
+        self._queue = [self._micro_batch(plan, j, lengths, tokens) for j in range(m)][::-1]
         return m
+
+    def _micro_batch(self, plan: MicroBatchPlan, j: int, lengths: list[int], tokens: torch.Tensor):
+        """Micro-batch `j` of `plan`: ``(inputs, (labels, scale))``; packed inputs are
+        ``(tokens, segments, positions)`` (`utils.workloads.layers`: -1 marks a pad)."""
+        rows = plan.rows[j] if plan.rows is not None else tuple((i,) for i in plan.groups[j])
+        width = plan.padded[j]
+        inputs = torch.zeros(len(rows), width, dtype=torch.long)
+        labels = torch.full((len(rows), width), PAD_LABEL, dtype=torch.long)
+        segments = torch.full((len(rows), width), -1, dtype=torch.long)
+        positions = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, row in enumerate(rows):
+            at = 0
+            for k, sample in enumerate(row):
+                length = lengths[sample]
+                inputs[r, at:at + length] = tokens[sample, :length]
+                labels[r, at:at + length] = tokens[sample, 1:length + 1]
+                segments[r, at:at + length] = k
+                positions[r, at:at + length] = torch.arange(length)
+                at += length
+        real = sum(lengths[s] for s in plan.groups[j])
+        scale = plan.micro_batches / self.real_tokens if self.loss_per == "token" else 1.0 / real
+        packed = plan.rows is not None
+        return ((inputs, segments, positions) if packed else inputs), (labels, torch.tensor(scale, dtype=torch.float32))
+
+    def _deepspeed_step(self, step: int) -> tuple[list[int], torch.Tensor, MicroBatchPlan]:
+        """Step `step` of DeepSpeed's dynamic batching (`deepspeed_batches`), planned once over
+        the stream of every step's draws (more are drawn until the run's steps are covered);
+        returns the step's own samples (lengths, tokens) and its plan over them."""
+        if self._stream is None:
+            blocks = max(1, self.steps)
+            while True:
+                stream = [x for b in range(blocks) for x in self.draw(b)[0]]
+                plans, sizes = deepspeed_batches(stream, micro_batches=self.micro_batches, max_tokens=self.token_budget)
+                if len(plans) >= max(1, self.steps):
+                    break
+                blocks *= 2
+            self._stream = (plans, sizes)
+        plans, _ = self._stream
+        if step >= len(plans):
+            raise RuntimeError(f"DeepSpeed's dynamic batching planned {len(plans)} steps; step {step} has none")
+        stream_plan = plans[step]
+        samples = [i for g in stream_plan.groups for i in g]
+        local = {i: k for k, i in enumerate(samples)}
+        lengths, rows = [], []
+        for i in samples:
+            block_lengths, block_tokens = self._block(i // self.samples)
+            lengths.append(block_lengths[i % self.samples])
+            rows.append(block_tokens[i % self.samples])
+        plan = MicroBatchPlan(tuple(tuple(local[i] for i in g) for g in stream_plan.groups), stream_plan.padded)
+        return lengths, torch.stack(rows), plan
+
+    def _block(self, block: int):
+        if self._drawn[0] != block:
+            self._drawn = (block, self.draw(block))
+        return self._drawn[1]
 
     def __iter__(self) -> VarlenBatches:
         return self
@@ -152,4 +211,4 @@ def batches_for(spec, model, *, replica: int) -> VarlenBatches | RecutBatches:
                          samples=spec.micro_batch_size * spec.micro_batches, micro_batches=spec.micro_batches,
                          method=spec.batching, num_stages=spec.num_stages, cost=default_cost(model),
                          token_budget=spec.token_budget, loss_per=spec.loss_per, order=spec.micro_batch_order,
-                         lengths=spec.lengths if spec.batching != "fixed" else (model.seq_len,))
+                         lengths=spec.lengths if spec.batching != "fixed" else (model.seq_len,), steps=spec.steps)
