@@ -242,6 +242,7 @@ def report(state: RankState) -> None:
 
     from utils.runtime.commslog import raw_record
     from utils.runtime.frozen import local_layers
+    from utils.runtime.migrate import MOVES
 
     peak, memory_kind = _peak_memory(state.device)
     parts = list(state.engine.module.parts)
@@ -255,7 +256,8 @@ def report(state: RankState) -> None:
         layers=(parts[state.stage], parts[state.stage + 1]), peak_memory=MemoryRecord(kind=memory_kind, peak=peak),
         chunk_layers=tuple(map(tuple, state.engine.chunk_layers())) if state.spec.model_chunks > 1 else (),
         device=state.device, threads=torch.get_num_threads(), layer_fingerprints=fingerprints,
-        record_lines=dict(state.record_lines), comms=raw_record()))  # DeepSpeed's comms logger, if on
+        record_lines=dict(state.record_lines), comms=raw_record(),  # DeepSpeed's comms logger, if on
+        extra={"live_moves": list(MOVES)} if MOVES else {}))  # each live move's process groups and memory
 
 
 def _common_origin() -> tuple[float, float]:

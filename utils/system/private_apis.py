@@ -144,6 +144,7 @@ def warm_start(wanted: bool) -> tuple[bool, str | None]:
 _ELASTIC = "torch.distributed.elastic.multiprocessing"
 _PIPE_ENGINE = "deepspeed.runtime.pipe.engine"
 _PIPE_MODULE = "deepspeed.runtime.pipe.module"
+_PIPE_TOPOLOGY = "deepspeed.runtime.pipe.topology"
 _INSTRUCTIONS = ("utils.runtime.tracing", "utils.runtime.lowering", "utils.runtime.frozen",
                  "utils.runtime.faults", "utils.runtime.layercost")
 
@@ -201,8 +202,13 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
                "engine instance; without it the engine would ignore the schedule asked for",
                ("utils.runtime.lowering",)),
     PrivateApi(_PIPE_ENGINE, "PipelineEngine.pipe_buffers", DEEPSPEED,
-               "layer freezing frees the buffers DeepSpeed's own send and backward would free",
-               ("utils.runtime.frozen",), instance=True),
+               "layer freezing frees the buffers DeepSpeed's own send and backward would free; a live move "
+               "empties the old engine's (else the last stage's kept outputs keep that engine alive)",
+               ("utils.runtime.frozen", "utils.runtime.migrate"), instance=True),
+    PrivateApi(_PIPE_ENGINE, "PipelineEngine.loss", DEEPSPEED,
+               "a live move drops the old last stage's loss (its graph holds the engine's backward hooks); "
+               "read with getattr: without it the old engine may stay alive after a move",
+               ("utils.runtime.migrate",), required=False, instance=True),
     PrivateApi(_PIPE_ENGINE, "PipelineEngine.grad_layer", DEEPSPEED,
                "layer freezing clears the received gradient DeepSpeed's RecvGrad would set",
                ("utils.runtime.frozen",), instance=True),
@@ -236,6 +242,13 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     PrivateApi("deepspeed.runtime.config", "DeepSpeedConfig._param_dict", DEEPSPEED,
                "the same: the config dict a recorded script passed is not kept (read with getattr)",
                ("utils.runtime.recorder",), required=False, instance=True),
+    *(PrivateApi(module, attribute, DEEPSPEED,
+                 "a live move cannot find the old engine's process groups to destroy them: every live "
+                 "re-partition fails", ("utils.runtime.migrate",), instance=True)
+      for module, attribute in ((_PIPE_MODULE, "PipelineModule.world_group"),
+                                (_PIPE_MODULE, "PipelineModule.tied_comms"),
+                                *((_PIPE_TOPOLOGY, f"PipelineParallelGrid.{name}") for name in
+                                  ("ds_model_proc_group", "dp_proc_group", "pp_proc_group", "slice_proc_group")))),
     PrivateApi(_PIPE_MODULE, "PipelineModule._recursive_getattr", DEEPSPEED,
                "a tied weight named by a missing attribute is no longer explained (the error pattern "
                "matches this name in the traceback)", ("utils.jobs.errors",), required=False),
@@ -276,6 +289,10 @@ PRIVATE_APIS: tuple[PrivateApi, ...] = (
     PrivateApi("IPython.core.interactiveshell", "InteractiveShell._render_traceback_", JUPYTER,
                "a job stopped with Ctrl-C or the stop button shows a whole traceback instead of one line "
                "(JobStopped defines it for IPython)", ("utils.jobs.launch",), required=False, instance=True),
+    # --- torch.distributed ----------------------------------------------------------------------
+    PrivateApi("torch.distributed.distributed_c10d", "_world.pg_map", TORCH,
+               "a live move cannot count the process groups a rank holds (its record, and the test that "
+               "moves leave none behind)", ("utils.runtime.migrate",)),
     # --- names read in stack dumps -------------------------------------------------------------
     PrivateApi("runpy", "_run_module_as_main", PYTHON,
                "a hang report picks the deepest thread instead of the one ``python -m`` started",
