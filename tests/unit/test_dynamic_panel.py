@@ -60,14 +60,15 @@ def test_a_wrong_dynamic_value_is_named_live_and_nothing_starts(change, error):
     assert panel.state == "invalid" and panel.job is None
 
 
-def test_token_budget_only_with_token_budget_batching():
+@pytest.mark.parametrize("method", ["token-budget", "packing", "deepspeed"])
+def test_token_budget_only_with_a_budgeted_batching(method):
     panel = RunPanel(BASE, lang="en")
-    panel.dynamic.batching.value = "token-budget"
+    panel.dynamic.batching.value = method
     assert not panel.dynamic.token_budget.disabled
     panel.dynamic.token_budget.value = 4096
-    assert panel.spec().token_budget == 4096 and panel.spec().batching == "token-budget"
+    assert panel.spec().token_budget == 4096 and panel.spec().batching == method
     panel.dynamic.batching.value = "sorted"
-    assert panel.spec().token_budget is None
+    assert panel.spec().token_budget is None and panel.dynamic.token_budget.disabled
 
 
 # --- a dynamic run, shown -----------------------------------------------------------------------

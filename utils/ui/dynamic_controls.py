@@ -18,6 +18,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from utils.jobs.spec import JobSpec
+from utils.jobs.spec_checks import BUDGETED
 from utils.planning.microbatching import BATCHING_METHODS, MicroBatchPolicy
 from utils.planning.rebalance import Rebalance
 from utils.ui.labels import text
@@ -131,7 +132,7 @@ class DynamicControls:
             knob.disabled = not self.rebalance.value
         for knob in self.mb_knobs:
             knob.disabled = not self.mb_policy.value
-        self.token_budget.disabled = self.batching.value != "token-budget"
+        self.token_budget.disabled = self.batching.value not in BUDGETED
 
     def fields(self) -> dict[str, Any]:
         """The `JobSpec` fields the controls describe (unchecked: `JobSpec.check` does that).
@@ -145,6 +146,6 @@ class DynamicControls:
         if self.mb_policy.value:
             policy = MicroBatchPolicy(memory_samples=self.mb_memory.value, every=self.mb_every.value,
                                       min_gain=self.mb_min_gain.value)
-        budget = self.token_budget.value if self.batching.value == "token-budget" else None
+        budget = self.token_budget.value if self.batching.value in BUDGETED else None
         return {"freeze_at": parse_freeze(self.freeze.value), "rebalance": rebalance,
                 "batching": self.batching.value, "token_budget": budget, "micro_batch_policy": policy}
