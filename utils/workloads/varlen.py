@@ -130,14 +130,16 @@ class VarlenBatches:
 
     def _deepspeed_step(self, step: int) -> tuple[list[int], torch.Tensor, MicroBatchPlan]:
         """Step `step` of DeepSpeed's dynamic batching (`deepspeed_batches`), planned once over
-        the stream of every step's draws (more are drawn until the run's steps are covered);
+        the stream of every step's draws (more are drawn until the stream holds one batch more
+        than the run's steps: ``batch_by_seqlens`` takes each batch as long as its cap allows, so
+        only the last batch depends on where the stream ends);
         returns the step's own samples (lengths, tokens) and its plan over them."""
         if self._stream is None:
             blocks = max(1, self.steps)
             while True:
                 stream = [x for b in range(blocks) for x in self.draw(b)[0]]
                 plans, sizes = deepspeed_batches(stream, micro_batches=self.micro_batches, max_tokens=self.token_budget)
-                if len(plans) >= max(1, self.steps):
+                if len(plans) > max(1, self.steps):  # one more than needed: the stream's end cuts only that one
                     break
                 blocks *= 2
             self._stream = (plans, sizes)
