@@ -18,11 +18,12 @@ samples per row and come as ``(tokens, segments, positions)``: the segment of ea
 sample's place in the row, -1 for a pad) for the block-diagonal mask, and its position inside
 its own sample. Under DeepSpeed's dynamic batching (``"deepspeed"``) the samples a step takes
 are decided over the whole stream (`utils.planning.microbatching.deepspeed_batches`): step k
-trains DeepSpeed's k-th batch, more or fewer samples than the others' fixed count. The loss is normalised by the real tokens of the replica's
-whole batch (`loss_per="token"`): each micro-batch's loss is ``sum of its token losses × m /
-N`` (m micro-batches, N real tokens in the step), and DeepSpeed's 1/m scaling of each
-micro-batch's backward then gives the gradient of the per-token mean — the same for every
-batching method on the same samples. ``loss_per="micro-batch"`` averages inside each
+trains DeepSpeed's k-th batch, more or fewer samples than the others' fixed count.
+
+The loss is normalised by the real tokens of the replica's whole batch (`loss_per="token"`):
+each micro-batch's loss is ``sum of its token losses × m / N`` (m micro-batches, N real tokens
+in the step), and DeepSpeed's 1/m scaling of each micro-batch's backward then gives the
+gradient of the per-token mean — the same for every batching method on the same samples. ``loss_per="micro-batch"`` averages inside each
 micro-batch instead (what naive code does): its gradient depends on how the samples were cut.
 """
 
@@ -76,7 +77,7 @@ class VarlenBatches:
         self.step_samples = samples
         """Samples in the current step: `samples`, except under DeepSpeed's dynamic batching."""
         self._queue: list = []
-        self._stream: tuple[list[MicroBatchPlan], list[int]] | None = None
+        self._stream: list[MicroBatchPlan] | None = None  # DeepSpeed's batches of the whole stream
         self._drawn: tuple = (None, None)  # the last block of the stream drawn: (step, (lengths, tokens))
 
     def draw(self, step: int) -> tuple[list[int], torch.Tensor]:
@@ -138,12 +139,12 @@ class VarlenBatches:
             blocks = max(1, self.steps)
             while True:
                 stream = [x for b in range(blocks) for x in self.draw(b)[0]]
-                plans, sizes = deepspeed_batches(stream, micro_batches=self.micro_batches, max_tokens=self.token_budget)
+                plans, _ = deepspeed_batches(stream, micro_batches=self.micro_batches, max_tokens=self.token_budget)
                 if len(plans) > max(1, self.steps):  # one more than needed: the stream's end cuts only that one
                     break
                 blocks *= 2
-            self._stream = (plans, sizes)
-        plans, _ = self._stream
+            self._stream = plans
+        plans = self._stream
         if step >= len(plans):
             raise RuntimeError(f"DeepSpeed's dynamic batching planned {len(plans)} steps; step {step} has none")
         stream_plan = plans[step]
