@@ -199,8 +199,19 @@ def two_gpus(results: dict) -> None:
                                   repartition_at={3: (0, parts[1] + 2, parts[2])}), progress=False)
     gap = max(abs(a - b) / abs(b) for a, b in zip(moved.losses, static.losses))
     live = max(e.duration for e in moved.timeline.select(kinds=("repartition",)))
-    results["live_repartition"] = {"ms": ms(live), "loss_gap": gap}
+    # Each rank's own record of the move (utils.runtime.migrate.MOVES): the process groups it held before and
+    # after (an NCCL communicator each), and the CUDA allocator's peak over the move against its start.
+    moves = {rank: result["live_moves"][0] for rank, result in moved.results.items()}
+    results["live_repartition"] = {"ms": ms(live), "loss_gap": gap, "per_rank": {
+        rank: {"groups_before": m["groups_before"], "groups_after": m["groups_after"],
+               "cuda_max_memory_allocated": m.get("cuda_max_memory_allocated"), "memory_base": m["memory"]["base"]}
+        for rank, m in moves.items()}}
     print(f"live re-partition over NCCL: {live * 1e3:.0f} ms, loss gap to static {gap:.2g}")
+    for rank, m in sorted(moves.items()):
+        print(f"  rank {rank}: process groups {m['groups_before']} -> {m['groups_after']}, allocator peak during the "
+              f"move {m.get('cuda_max_memory_allocated', 0) / 2**20:.1f} MiB (at its start "
+              f"{m['memory']['base'] / 2**20:.1f} MiB)")
+    assert all(m["groups_after"] == m["groups_before"] for m in moves.values())
     assert gap <= 1e-5
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "dynamic_rebalance.py"), "--device", "cuda"],
                    check=True, timeout=4 * JOB_TIMEOUT_S)
