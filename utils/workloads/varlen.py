@@ -74,8 +74,7 @@ class VarlenBatches:
         self.plan: MicroBatchPlan | None = None
         self.real_tokens = 0
         self.step_lengths: list[int] = []
-        self.step_samples = samples
-        """Samples in the current step: `samples`, except under DeepSpeed's dynamic batching."""
+        self.step_samples = samples  # samples in the current step: `samples`, except under DeepSpeed's dynamic batching
         self._queue: list = []
         self._stream: list[MicroBatchPlan] | None = None  # DeepSpeed's batches of the whole stream
         self._drawn: tuple = (None, None)  # the last block of the stream drawn: (step, (lengths, tokens))
