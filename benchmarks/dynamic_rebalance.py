@@ -159,7 +159,7 @@ def phase_costs(run, after: int, until: int) -> tuple[list[float], list[float]]:
 
 
 def ceiling(run, boundaries, after: int, schedule: str, micro_batches: int, *, num_stages: int = 2,
-            until: int | None = None) -> tuple[float, list[int], float, list[float]]:
+            until: int | None = None) -> tuple[float, list[int], float, list[float], list[float]]:
     """What a re-partition can gain over the static `boundaries`, from the per-layer costs the
     run measured in steps ``after <= step < until``:
 
@@ -171,7 +171,7 @@ def ceiling(run, boundaries, after: int, schedule: str, micro_batches: int, *, n
       fill/drain and communication: the steady-state step is set by the slowest stage, and no
       partition of the same work can make its slowest stage cheaper than the mean.
 
-    Returns (simulator ceiling, the best partition, max / mean, the static stage costs)."""
+    Returns (simulator ceiling, the best partition, max / mean, the static and the best stage costs)."""
     from utils import build_schedule, partition_layers, simulate
 
     f, b = phase_costs(run, after, until if until is not None else 1 << 30)
@@ -183,9 +183,12 @@ def ceiling(run, boundaries, after: int, schedule: str, micro_batches: int, *, n
         timeline = simulate(build_schedule(schedule, num_stages, micro_batches), fwd, bwd)
         return max(e.end for e in timeline.events) - min(e.start for e in timeline.events)
 
-    stages = [sum(f[boundaries[s]:boundaries[s + 1]]) + sum(b[boundaries[s]:boundaries[s + 1]])
-              for s in range(num_stages)]
-    return makespan(list(boundaries)) / makespan(best), best, max(stages) / statistics.mean(stages), stages
+    def stage_costs(parts):
+        return [sum(f[parts[s]:parts[s + 1]]) + sum(b[parts[s]:parts[s + 1]]) for s in range(num_stages)]
+
+    stages = stage_costs(boundaries)
+    return (makespan(list(boundaries)) / makespan(best), best, max(stages) / statistics.mean(stages), stages,
+            stage_costs(best))
 
 
 def core_ceiling(stages: list[float], best_stages: list[float], cores: int) -> float:
@@ -311,7 +314,7 @@ def two_stage_freezing(args) -> None:
     after_shift = max(move for move, _ in moves) + 2  # the engine after the last move has warmed up
     static_after, dynamic_after = steady(static.step_times, after_shift), steady(dynamic.step_times, after_shift)
     before = steady(static.step_times[:args.freeze_step], 2)
-    top, best, max_mean, _ = ceiling(dynamic, plan.boundaries, args.freeze_step + 1, dynamic.spec.schedule,
+    top, best, max_mean, _, _ = ceiling(dynamic, plan.boundaries, args.freeze_step + 1, dynamic.spec.schedule,
                                      args.micro_batches)
     print(f"step time before the shift (static): {before * 1e3:.1f} ms")
     speedup = report_row("2 stages, after the freeze", static_after, dynamic_after, top, max_mean, best)
@@ -353,13 +356,10 @@ def deep_freezing(args) -> None:
     moves = moved(dynamic)
     print(f"jobs took {time.time() - started:.0f} s; dynamic moved {moves}")
     after = (max(move for move, _ in moves) if moves else freeze_step) + 2
-    top, best, max_mean, stages = ceiling(dynamic, plan.boundaries, freeze_step + 1, dynamic.spec.schedule,
-                                          args.micro_batches, num_stages=p)
+    top, best, max_mean, stages, best_stages = ceiling(dynamic, plan.boundaries, freeze_step + 1,
+                                                       dynamic.spec.schedule, args.micro_batches, num_stages=p)
     extra = ""
     if plan.device == "cpu" and p > cores:
-        f, b = phase_costs(dynamic, freeze_step + 1, 1 << 30)
-        total = [x + y for x, y in zip(f, b)]
-        best_stages = [sum(total[best[s]:best[s + 1]]) for s in range(p)]
         extra = (f"\n    {p} ranks share {cores} cores: a step also takes at least the work over the cores, so "
                  f"this machine's bound is max(slowest, work / {cores}), static over best: "
                  f"{core_ceiling(stages, best_stages, cores):.3f}x")
@@ -397,7 +397,7 @@ def curriculum_run(args) -> None:
         if after >= end:
             print(f"{lengths[begin]} tokens: no steady steps after the move; lengthen the phase")
             continue
-        top, best, max_mean, stages = ceiling(dynamic, boundaries, begin + 1, dynamic.spec.schedule,
+        top, best, max_mean, stages, _ = ceiling(dynamic, boundaries, begin + 1, dynamic.spec.schedule,
                                               args.curriculum_micro_batches, until=end)
         report_row(f"{lengths[begin]} tokens (steps {after}..{end - 1})", steady(static.step_times[:end], after),
                    steady(dynamic.step_times[:end], after), top, max_mean, best)
